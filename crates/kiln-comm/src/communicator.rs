@@ -1,0 +1,83 @@
+//! The backend-independent communicator.
+
+use std::time::Duration;
+
+use crate::{CommElement, CommError, InProcessCommunicator, ReduceOp};
+
+/// One rank's handle on a communication group, whatever the backend.
+///
+/// A communicator is `Send` (move it to the thread that owns the rank) but is used from one
+/// thread at a time. Every method blocks until its part of the operation is done and fails,
+/// rather than hangs, when a peer is gone or the timeout passes.
+#[derive(Debug)]
+pub enum Communicator {
+    /// A rank of an in-process (threads) group.
+    InProcess(InProcessCommunicator),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $comm:ident => $call:expr) => {
+        match $self {
+            Communicator::InProcess($comm) => $call,
+        }
+    };
+}
+
+impl Communicator {
+    /// This rank's index in `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        dispatch!(self, c => c.rank())
+    }
+
+    /// Number of ranks in the group.
+    pub fn world_size(&self) -> usize {
+        dispatch!(self, c => c.world_size())
+    }
+
+    /// The timeout of every blocking operation.
+    pub fn timeout(&self) -> Duration {
+        dispatch!(self, c => c.timeout())
+    }
+
+    /// Reduces `data` element-wise over all ranks, in place.
+    pub fn all_reduce<T: CommElement>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        dispatch!(self, c => c.all_reduce(data, op))
+    }
+
+    /// Copies `root`'s `data` into every rank's `data`.
+    pub fn broadcast<T: CommElement>(&self, data: &mut [T], root: usize) -> Result<(), CommError> {
+        dispatch!(self, c => c.broadcast(data, root))
+    }
+
+    /// Concatenates every rank's `input` in rank order into `output`
+    /// (`output.len() == world_size × input.len()`).
+    pub fn all_gather<T: CommElement>(&self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
+        dispatch!(self, c => c.all_gather(input, output))
+    }
+
+    /// Reduces `input` over all ranks; rank `r` receives part `r` of `world_size` equal parts
+    /// (`input.len() == world_size × output.len()`).
+    pub fn reduce_scatter<T: CommElement>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        dispatch!(self, c => c.reduce_scatter(input, output, op))
+    }
+
+    /// Blocks until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        dispatch!(self, c => c.barrier())
+    }
+
+    /// Sends `data` to rank `dst`.
+    pub fn send<T: CommElement>(&self, data: &[T], dst: usize) -> Result<(), CommError> {
+        dispatch!(self, c => c.send(data, dst))
+    }
+
+    /// Receives from rank `src` into `data` (lengths must match what was sent).
+    pub fn recv<T: CommElement>(&self, data: &mut [T], src: usize) -> Result<(), CommError> {
+        dispatch!(self, c => c.recv(data, src))
+    }
+
+    /// Makes every pending and later operation of the group fail with `reason`.
+    pub fn abort(&self, reason: impl Into<String>) {
+        dispatch!(self, c => c.abort(reason))
+    }
+}

@@ -1,0 +1,11 @@
+//! The in-process backend: N ranks as N threads sharing memory.
+
+mod collectives;
+mod group;
+mod rendezvous;
+
+pub use collectives::InProcessCommunicator;
+pub use group::InProcessGroup;
+
+#[cfg(test)]
+mod tests;

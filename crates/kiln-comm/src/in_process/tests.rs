@@ -1,0 +1,223 @@
+//! Every collective against a serial reference, for many world sizes and lengths, plus the
+//! failure modes: a panicking rank, a rank that never arrives, mismatched lengths.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+use crate::{CommError, Communicator, InProcessGroup, ReduceOp};
+
+const LENGTHS: [usize; 7] = [0, 1, 2, 7, 31, 1009, 100_003];
+
+/// Runs `body` on every rank of a fresh group and returns the results in rank order.
+fn run<R: Send + 'static>(
+    world: usize,
+    body: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    let comms = InProcessGroup::new(world).timeout(Duration::from_secs(20)).build();
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|comm| {
+            let body = body.clone();
+            thread::spawn(move || body(comm))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+}
+
+/// Rank `r`'s deterministic input of length `len`.
+fn input(rank: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.25 - 12.0).collect()
+}
+
+fn reference(world: usize, len: usize, op: ReduceOp) -> Vec<f32> {
+    let mut acc = input(0, len);
+    for rank in 1..world {
+        for (a, v) in acc.iter_mut().zip(input(rank, len)) {
+            *a = match op {
+                ReduceOp::Sum | ReduceOp::Mean => *a + v,
+                ReduceOp::Max => a.max(v),
+                ReduceOp::Min => a.min(v),
+            };
+        }
+    }
+    if op == ReduceOp::Mean {
+        acc.iter_mut().for_each(|a| *a /= world as f32);
+    }
+    acc
+}
+
+#[test]
+fn all_reduce_matches_serial_reference_for_every_op_world_and_length() {
+    for world in 1..=8 {
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
+            let results = run(world, move |comm| {
+                LENGTHS
+                    .iter()
+                    .map(|&len| {
+                        let mut data = input(comm.rank(), len);
+                        comm.all_reduce(&mut data, op).unwrap();
+                        data
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for per_rank in results {
+                for (data, &len) in per_rank.iter().zip(&LENGTHS) {
+                    assert_eq!(data, &reference(world, len, op), "world {world}, {op:?}, len {len}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn half_precision_all_reduce_is_reduced_in_f32() {
+    for world in [2, 3, 5] {
+        let results = run(world, |comm| {
+            let source = input(comm.rank(), 1009);
+            let mut h: Vec<f16> = source.iter().map(|&v| f16::from_f32(v)).collect();
+            let mut b: Vec<bf16> = source.iter().map(|&v| bf16::from_f32(v)).collect();
+            comm.all_reduce(&mut h, ReduceOp::Sum).unwrap();
+            comm.all_reduce(&mut b, ReduceOp::Mean).unwrap();
+            (h, b)
+        });
+        let sum = reference(world, 1009, ReduceOp::Sum);
+        let mean = reference(world, 1009, ReduceOp::Mean);
+        for (h, b) in results {
+            // Inputs are exact in both formats (multiples of 0.25 below 32); the only rounding is
+            // the final narrowing: half an ulp, 2^-11 relative for f16 and 2^-8 for bf16.
+            for (got, want) in h.iter().zip(&sum) {
+                assert!((got.to_f32() - want).abs() <= want.abs() * 4.9e-4 + 1e-6, "f16 {got} vs {want}");
+            }
+            for (got, want) in b.iter().zip(&mean) {
+                assert!((got.to_f32() - want).abs() <= want.abs() * 3.9e-3 + 1e-6, "bf16 {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn broadcast_all_gather_reduce_scatter_match_reference() {
+    for world in 1..=8 {
+        let results = run(world, move |comm| {
+            let rank = comm.rank();
+            let mut out = Vec::new();
+            for &len in &LENGTHS[..6] {
+                let root = len % comm.world_size();
+                let mut data = if rank == root { input(root, len) } else { vec![0.0; len] };
+                comm.broadcast(&mut data, root).unwrap();
+                assert_eq!(data, input(root, len), "broadcast world {world} len {len}");
+
+                let mut gathered = vec![0.0; len * comm.world_size()];
+                comm.all_gather(&input(rank, len), &mut gathered).unwrap();
+                let expected: Vec<f32> = (0..comm.world_size()).flat_map(|r| input(r, len)).collect();
+                assert_eq!(gathered, expected, "all_gather world {world} len {len}");
+
+                let mut part = vec![0.0; len];
+                comm.reduce_scatter(&input(rank, len * comm.world_size()), &mut part, ReduceOp::Sum).unwrap();
+                out.push(part);
+            }
+            out
+        });
+        for (rank, parts) in results.into_iter().enumerate() {
+            for (part, &len) in parts.iter().zip(&LENGTHS[..6]) {
+                let full = reference(world, len * world, ReduceOp::Sum);
+                assert_eq!(part[..], full[rank * len..(rank + 1) * len], "reduce_scatter world {world} len {len}");
+            }
+        }
+    }
+}
+
+#[test]
+fn send_and_recv_pass_messages_around_a_ring() {
+    for world in 2..=5 {
+        let results = run(world, |comm| {
+            let (rank, n) = (comm.rank(), comm.world_size());
+            comm.send(&input(rank, 13), (rank + 1) % n).unwrap();
+            let mut got = vec![0.0f32; 13];
+            comm.recv(&mut got, (rank + n - 1) % n).unwrap();
+            comm.barrier().unwrap();
+            got
+        });
+        for (rank, got) in results.into_iter().enumerate() {
+            assert_eq!(got, input((rank + world - 1) % world, 13));
+        }
+    }
+}
+
+#[test]
+fn a_panicking_rank_fails_every_other_rank_promptly() {
+    let start = Instant::now();
+    let comms = InProcessGroup::new(4).timeout(Duration::from_secs(30)).build();
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|comm| {
+            thread::spawn(move || {
+                if comm.rank() == 2 {
+                    thread::sleep(Duration::from_millis(50));
+                    panic!("planted failure");
+                }
+                let mut data = vec![1.0f32; 8];
+                let first = comm.all_reduce(&mut data, ReduceOp::Sum);
+                let next = comm.barrier();
+                (first, next)
+            })
+        })
+        .collect();
+    for (rank, handle) in handles.into_iter().enumerate() {
+        match handle.join() {
+            Err(_) => assert_eq!(rank, 2),
+            Ok((first, next)) => {
+                assert!(
+                    matches!(&first, Err(CommError::PeerLost { peer: 2, reason, .. }) if reason.contains("panicked")),
+                    "rank {rank}: {first:?}"
+                );
+                assert!(matches!(next, Err(CommError::PeerLost { .. })));
+            }
+        }
+    }
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+}
+
+#[test]
+fn a_missing_rank_times_out_instead_of_hanging() {
+    let mut comms = InProcessGroup::new(3).timeout(Duration::from_millis(300)).build();
+    let absent = comms.pop().unwrap(); // rank 2 never calls anything (but stays alive)
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|comm| thread::spawn(move || comm.barrier()))
+        .collect();
+    let errors: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().unwrap_err()).collect();
+    // One rank times out; it poisons the group, so the other fails at once as well.
+    assert!(errors.iter().any(|e| matches!(e, CommError::Timeout { op: "barrier", .. })), "{errors:?}");
+    assert!(errors.iter().all(|e| matches!(e, CommError::Timeout { .. } | CommError::PeerLost { .. })));
+    let mut buf = [0.0f32; 1];
+    assert!(absent.recv(&mut buf, 0).is_err(), "the absent rank sees the group is gone too");
+}
+
+#[test]
+fn mismatched_lengths_are_an_error_on_every_rank() {
+    let results = run(3, |comm| {
+        let mut data = vec![1.0f32; 10 + comm.rank()];
+        comm.all_reduce(&mut data, ReduceOp::Sum)
+    });
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn all_reduce_sum_is_exact_on_integers_for_random_lengths(len in 0usize..5000, world in 1usize..6) {
+        let results = run(world, move |comm| {
+            let mut data: Vec<f32> = (0..len).map(|i| ((i + comm.rank()) % 1000) as f32).collect();
+            comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+            data
+        });
+        let expected: Vec<f32> = (0..len).map(|i| (0..world).map(|r| ((i + r) % 1000) as f32).sum()).collect();
+        for data in results {
+            prop_assert_eq!(&data, &expected);
+        }
+    }
+}

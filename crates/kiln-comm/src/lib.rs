@@ -1,0 +1,52 @@
+//! Collective communication for kiln.
+//!
+//! Every parallel feature of kiln (data-parallel gradient sync, pipeline transfers, parameter
+//! averaging) talks through a [`Communicator`]: `rank()`, `world_size()`, `all_reduce`,
+//! `broadcast`, `all_gather`, `reduce_scatter`, `barrier`, `send` and `recv`, on `f32`, `f16`
+//! and `bf16` buffers (half buffers are reduced in `f32`).
+//!
+//! Backends are a closed set, so [`Communicator`] is an enum rather than a trait object
+//! (as crossbeam does with its channel flavours):
+//! - [`InProcessGroup`]: N communicators for N threads of one process, reducing through
+//!   shared memory: each rank reduces 1/N of the buffer (reduce-scatter), then every rank
+//!   copies the reduced chunks back (all-gather).
+//!
+//! **No hangs.** Every blocking call has a timeout ([`InProcessGroup::timeout`], default
+//! [`DEFAULT_TIMEOUT`]) and fails with a [`CommError`]. A rank that times out, panics or drops
+//! its communicator poisons the group: every other rank's pending and next operation fails
+//! promptly with [`CommError::PeerLost`].
+//!
+//! ```
+//! use kiln_comm::{InProcessGroup, ReduceOp};
+//!
+//! let comms = InProcessGroup::new(3).build();
+//! let handles: Vec<_> = comms
+//!     .into_iter()
+//!     .map(|comm| {
+//!         std::thread::spawn(move || {
+//!             let mut data = vec![comm.rank() as f32; 4];
+//!             comm.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+//!             data
+//!         })
+//!     })
+//!     .collect();
+//! for handle in handles {
+//!     assert_eq!(handle.join().unwrap(), vec![3.0; 4]); // 0 + 1 + 2
+//! }
+//! ```
+#![warn(missing_docs)]
+
+mod communicator;
+mod element;
+mod error;
+mod in_process;
+mod op;
+
+pub use communicator::Communicator;
+pub use element::CommElement;
+pub use error::CommError;
+pub use in_process::{InProcessCommunicator, InProcessGroup};
+pub use op::ReduceOp;
+
+/// The timeout of every blocking operation unless configured otherwise.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);

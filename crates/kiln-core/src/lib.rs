@@ -1,0 +1,18 @@
+//! Core vocabulary shared by every kiln crate.
+//!
+//! - [`segment`]: a model seen as an ordered list of segments, which the planner, pipeline
+//!   stages and backward/communication overlap all build on.
+//! - [`device_spec`]: parse device names such as `cpu:1` or `cuda:0` into Burn devices.
+//! - [`seed`]: deterministic, race-free seeding of Burn's process-wide random generator.
+//! - [`params`]: small helpers to enumerate a module's parameters.
+#![warn(missing_docs)]
+
+pub mod device_spec;
+pub mod params;
+pub mod seed;
+pub mod segment;
+
+pub use device_spec::{DeviceSpec, DeviceSpecError};
+pub use params::{ParamInfo, param_infos};
+pub use seed::with_seed;
+pub use segment::{Activation, SegmentId, Segmented, forward_segments};

@@ -1,0 +1,48 @@
+//! Data errors.
+
+use std::path::PathBuf;
+
+/// Why data could not be read or a batch could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A file's contents do not follow its format.
+    #[error("{path}: {detail}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the record where there is one.
+        detail: String,
+    },
+    /// A sample could not be produced.
+    #[error("sample {index}: {detail}")]
+    Item {
+        /// The sample's index in the data set.
+        index: usize,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A worker thread panicked while producing a sample.
+    #[error("a loader worker panicked on sample {index}: {message}")]
+    WorkerPanicked {
+        /// The sample being produced.
+        index: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// A worker thread stopped without delivering its batch.
+    #[error("loader worker {worker} stopped before delivering batch {batch}")]
+    WorkerLost {
+        /// The worker.
+        worker: usize,
+        /// The batch it owed.
+        batch: usize,
+    },
+}

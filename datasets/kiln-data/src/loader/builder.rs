@@ -1,0 +1,118 @@
+//! Configuring a [`DataLoader`].
+
+use std::sync::Arc;
+
+use burn::tensor::Device;
+
+use super::collate::BatchRecipe;
+use super::epoch::DataLoader;
+use crate::{DistributedSampler, ImageSource, Transform};
+
+/// Builds a [`DataLoader`]; see the crate docs for an example.
+pub struct DataLoaderBuilder {
+    source: Box<dyn ImageSource>,
+    batch_size: usize,
+    num_workers: usize,
+    prefetch: usize,
+    seed: Option<u64>,
+    drop_last: bool,
+    shard: (usize, usize),
+    weights: Option<Vec<f64>>,
+    device: Device,
+    transforms: Vec<Transform>,
+}
+
+impl DataLoaderBuilder {
+    pub(crate) fn new(source: impl ImageSource) -> Self {
+        Self {
+            source: Box::new(source),
+            batch_size: 32,
+            num_workers: 0,
+            prefetch: 2,
+            seed: None,
+            drop_last: false,
+            shard: (0, 1),
+            weights: None,
+            device: Device::flex(),
+            transforms: Vec::new(),
+        }
+    }
+
+    /// Samples per batch (default 32).
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Worker threads; 0 builds batches in the caller's thread (default 0).
+    pub fn num_workers(mut self, num_workers: usize) -> Self {
+        self.num_workers = num_workers;
+        self
+    }
+
+    /// Finished batches each worker may hold ahead of the consumer (default 2).
+    pub fn prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Shuffles every epoch from `seed`; also seeds the random transforms.
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Drops the last, incomplete batch (and the sampler's uneven tail).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Reads only rank `rank`'s share of `world_size` (see [`DistributedSampler`]).
+    pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
+        self.shard = (rank, world_size);
+        self
+    }
+
+    /// Uneven shares proportional to `weights`, one per rank (see [`DistributedSampler::weights`]).
+    pub fn shard_weights(mut self, weights: Vec<f64>) -> Self {
+        self.weights = Some(weights);
+        self
+    }
+
+    /// Where batches are built (default: the Flex CPU device).
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Per-sample transforms, applied in order in the workers.
+    pub fn transforms(mut self, transforms: Vec<Transform>) -> Self {
+        self.transforms = transforms;
+        self
+    }
+
+    /// Starts the workers.
+    ///
+    /// # Panics
+    /// If `batch_size` or `prefetch` is zero, or the shard is invalid.
+    pub fn build(self) -> DataLoader {
+        assert!(self.batch_size > 0, "batch_size must be positive");
+        assert!(self.prefetch > 0, "prefetch must be positive");
+        let (rank, world) = self.shard;
+        let mut sampler = DistributedSampler::new(self.source.len(), rank, world).drop_last(self.drop_last);
+        if let Some(seed) = self.seed {
+            sampler = sampler.shuffle(seed);
+        }
+        if let Some(weights) = self.weights {
+            sampler = sampler.weights(weights);
+        }
+        let recipe = Arc::new(BatchRecipe {
+            source: self.source,
+            transforms: self.transforms,
+            device: self.device,
+            seed: self.seed.unwrap_or(0),
+        });
+        DataLoader::start(recipe, sampler, self.batch_size, self.drop_last, self.num_workers, self.prefetch)
+    }
+}

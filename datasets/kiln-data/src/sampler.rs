@@ -1,0 +1,181 @@
+//! Which samples each rank reads in an epoch.
+
+use rand::seq::SliceRandom;
+
+use crate::rng::derived_rng;
+
+/// Splits a data set's indices over ranks, like PyTorch's `DistributedSampler`.
+///
+/// Every rank gets the same number of samples per epoch: without `drop_last` the shuffled
+/// list is padded by wrapping around, with it the tail that does not divide evenly is
+/// dropped. With [`weights`](Self::weights) the shares are proportional to the weights
+/// instead (uneven hardware), still covering every index once per epoch.
+/// The order depends only on (seed, epoch), so all ranks agree without communicating.
+///
+/// ```
+/// use kiln_data::DistributedSampler;
+/// let a = DistributedSampler::new(10, 0, 2).shuffle(3).indices(0);
+/// let b = DistributedSampler::new(10, 1, 2).shuffle(3).indices(0);
+/// let mut all: Vec<_> = a.iter().chain(&b).copied().collect();
+/// all.sort();
+/// assert_eq!(all, (0..10).collect::<Vec<_>>());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistributedSampler {
+    len: usize,
+    rank: usize,
+    world_size: usize,
+    seed: Option<u64>,
+    drop_last: bool,
+    weights: Option<Vec<f64>>,
+}
+
+impl DistributedSampler {
+    /// Rank `rank` of `world_size` over a data set of `len` samples, in order, padded.
+    ///
+    /// # Panics
+    /// If `rank >= world_size`.
+    pub fn new(len: usize, rank: usize, world_size: usize) -> Self {
+        assert!(rank < world_size, "rank {rank} is outside a world of {world_size}");
+        Self { len, rank, world_size, seed: None, drop_last: false, weights: None }
+    }
+
+    /// Shuffles with `seed` (reshuffled every epoch).
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Drops the tail instead of padding.
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Gives rank `r` a share proportional to `weights[r]` (e.g. measured throughput).
+    ///
+    /// # Panics
+    /// If there is not one positive, finite weight per rank.
+    pub fn weights(mut self, weights: Vec<f64>) -> Self {
+        assert_eq!(weights.len(), self.world_size, "one weight per rank");
+        assert!(weights.iter().all(|w| w.is_finite() && *w > 0.0), "weights must be positive");
+        self.weights = Some(weights);
+        self
+    }
+
+    /// Samples of every rank per epoch (equal shares only).
+    pub fn num_samples(&self) -> usize {
+        self.shares()[self.rank]
+    }
+
+    /// How many samples each rank reads per epoch.
+    pub fn shares(&self) -> Vec<usize> {
+        match &self.weights {
+            None => {
+                let per_rank = if self.drop_last { self.len / self.world_size } else { self.len.div_ceil(self.world_size) };
+                vec![per_rank; self.world_size]
+            }
+            Some(weights) => proportional_split(self.len, weights),
+        }
+    }
+
+    /// The whole epoch's order, before it is split over ranks.
+    fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.len).collect();
+        if let Some(seed) = self.seed {
+            order.shuffle(&mut derived_rng(seed, 0x5A3D_11E5, epoch));
+        }
+        order
+    }
+
+    /// This rank's indices for `epoch`.
+    pub fn indices(&self, epoch: u64) -> Vec<usize> {
+        let order = self.epoch_order(epoch);
+        if order.is_empty() {
+            return Vec::new();
+        }
+        match &self.weights {
+            None => {
+                let total = self.num_samples() * self.world_size;
+                (self.rank..total).step_by(self.world_size).map(|i| order[i % order.len()]).collect()
+            }
+            Some(_) => {
+                let shares = self.shares();
+                let start: usize = shares[..self.rank].iter().sum();
+                order[start..start + shares[self.rank]].to_vec()
+            }
+        }
+    }
+}
+
+/// Splits `len` into parts proportional to `weights` (largest remainder, ties to lower ranks).
+fn proportional_split(len: usize, weights: &[f64]) -> Vec<usize> {
+    let total: f64 = weights.iter().sum();
+    let exact: Vec<f64> = weights.iter().map(|w| len as f64 * w / total).collect();
+    let mut shares: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
+    let mut left = len - shares.iter().sum::<usize>();
+    let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
+    by_remainder.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+    for rank in by_remainder {
+        if left == 0 {
+            break;
+        }
+        shares[rank] += 1;
+        left -= 1;
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_ranks(len: usize, world: usize, build: impl Fn(DistributedSampler) -> DistributedSampler, epoch: u64) -> Vec<Vec<usize>> {
+        (0..world).map(|rank| build(DistributedSampler::new(len, rank, world)).indices(epoch)).collect()
+    }
+
+    #[test]
+    fn padded_shares_are_equal_and_cover_every_index() {
+        for (len, world) in [(10, 3), (7, 7), (5, 8), (100, 4), (1, 2)] {
+            let parts = all_ranks(len, world, |s| s.shuffle(9), 2);
+            let per_rank = len.div_ceil(world);
+            assert!(parts.iter().all(|p| p.len() == per_rank));
+            let mut counts = vec![0; len];
+            parts.iter().flatten().for_each(|&i| counts[i] += 1);
+            assert!(counts.iter().all(|&c| c >= 1), "every index is read");
+            assert_eq!(counts.iter().sum::<usize>() - len, per_rank * world - len, "only the padding repeats");
+        }
+    }
+
+    #[test]
+    fn drop_last_reads_each_index_at_most_once_and_drops_only_the_tail() {
+        for (len, world) in [(10, 3), (7, 7), (5, 8), (101, 4)] {
+            let parts = all_ranks(len, world, |s| s.shuffle(1).drop_last(true), 0);
+            let mut seen: Vec<usize> = parts.iter().flatten().copied().collect();
+            assert!(parts.iter().all(|p| p.len() == len / world));
+            seen.sort();
+            seen.dedup();
+            assert_eq!(seen.len(), (len / world) * world, "no index twice");
+        }
+    }
+
+    #[test]
+    fn weighted_shares_are_proportional_and_partition_the_epoch() {
+        let parts = all_ranks(1000, 3, |s| s.shuffle(5).weights(vec![1.0, 2.0, 1.0]), 4);
+        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), vec![250, 500, 250]);
+        let mut all: Vec<usize> = parts.into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..1000).collect::<Vec<_>>());
+        assert_eq!(proportional_split(10, &[1.0, 1.0, 1.0]), vec![4, 3, 3]);
+    }
+
+    #[test]
+    fn set_epoch_reshuffles_consistently_across_ranks() {
+        let a0 = all_ranks(50, 2, |s| s.shuffle(7), 0);
+        let a1 = all_ranks(50, 2, |s| s.shuffle(7), 1);
+        assert_ne!(a0, a1);
+        assert_eq!(a0, all_ranks(50, 2, |s| s.shuffle(7), 0));
+        let unshuffled = DistributedSampler::new(6, 1, 2).indices(3);
+        assert_eq!(unshuffled, vec![1, 3, 5]);
+    }
+}
