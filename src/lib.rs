@@ -1,1 +1,22 @@
-//! stub
+//! # kiln
+//!
+//! A pure-Rust deep-learning training framework on [Burn](https://burn.dev) with parallelism
+//! built in. This facade re-exports kiln's crates:
+//!
+//! - [`core`]: model segments, device names, seeding.
+//! - [`comm`]: collectives (all-reduce, broadcast, all-gather, reduce-scatter, send/recv)
+//!   with timeouts instead of hangs.
+//! - [`data`]: a prefetching multi-worker loader, a distributed sampler, CIFAR-10, MNIST and
+//!   synthetic data.
+//! - [`train`]: the trainer, learning-rate schedules and metrics.
+//! - [`resnet`]: the ResNet family.
+//!
+//! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
+#![warn(missing_docs)]
+
+pub use burn;
+pub use kiln_comm as comm;
+pub use kiln_core as core;
+pub use kiln_data as data;
+pub use kiln_resnet as resnet;
+pub use kiln_train as train;

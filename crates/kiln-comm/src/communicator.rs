@@ -40,7 +40,11 @@ impl Communicator {
     }
 
     /// Reduces `data` element-wise over all ranks, in place.
-    pub fn all_reduce<T: CommElement>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+    pub fn all_reduce<T: CommElement>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         dispatch!(self, c => c.all_reduce(data, op))
     }
 
@@ -51,13 +55,22 @@ impl Communicator {
 
     /// Concatenates every rank's `input` in rank order into `output`
     /// (`output.len() == world_size × input.len()`).
-    pub fn all_gather<T: CommElement>(&self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
+    pub fn all_gather<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), CommError> {
         dispatch!(self, c => c.all_gather(input, output))
     }
 
     /// Reduces `input` over all ranks; rank `r` receives part `r` of `world_size` equal parts
     /// (`input.len() == world_size × output.len()`).
-    pub fn reduce_scatter<T: CommElement>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+    pub fn reduce_scatter<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         dispatch!(self, c => c.reduce_scatter(input, output, op))
     }
 

@@ -53,5 +53,7 @@ pub(crate) fn widen_into<T: CommElement>(dst: &mut Vec<f32>, src: &[T]) {
 /// Copies `src` into `dst`, narrowing to `T`.
 #[inline]
 pub(crate) fn narrow_into<T: CommElement>(dst: &mut [T], src: &[f32]) {
-    dst.iter_mut().zip(src).for_each(|(d, s)| *d = T::from_f32(*s));
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, s)| *d = T::from_f32(*s));
 }

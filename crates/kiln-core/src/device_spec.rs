@@ -51,7 +51,10 @@ impl DeviceSpec {
                     Ok(Device::cuda(_index))
                 }
                 #[cfg(not(feature = "cuda"))]
-                Err(DeviceSpecError::FeatureMissing { spec: self.to_string(), feature: "cuda" })
+                Err(DeviceSpecError::FeatureMissing {
+                    spec: self.to_string(),
+                    feature: "cuda",
+                })
             }
             DeviceSpec::Wgpu => {
                 #[cfg(feature = "wgpu")]
@@ -59,7 +62,10 @@ impl DeviceSpec {
                     Ok(Device::wgpu(burn::tensor::DeviceKind::default()))
                 }
                 #[cfg(not(feature = "wgpu"))]
-                Err(DeviceSpecError::FeatureMissing { spec: self.to_string(), feature: "wgpu" })
+                Err(DeviceSpecError::FeatureMissing {
+                    spec: self.to_string(),
+                    feature: "wgpu",
+                })
             }
         }
     }
@@ -101,9 +107,17 @@ mod tests {
     fn parses_every_documented_form() {
         assert_eq!(
             DeviceSpec::parse_list("cpu, cpu:1,cuda:2,wgpu").unwrap(),
-            vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1), DeviceSpec::Cuda(2), DeviceSpec::Wgpu]
+            vec![
+                DeviceSpec::Cpu(0),
+                DeviceSpec::Cpu(1),
+                DeviceSpec::Cuda(2),
+                DeviceSpec::Wgpu
+            ]
         );
-        assert!(matches!("tpu:0".parse::<DeviceSpec>(), Err(DeviceSpecError::Unknown(_))));
+        assert!(matches!(
+            "tpu:0".parse::<DeviceSpec>(),
+            Err(DeviceSpecError::Unknown(_))
+        ));
         assert!("cpu:x".parse::<DeviceSpec>().is_err());
         assert_eq!(DeviceSpec::Cuda(3).to_string(), "cuda:3");
     }

@@ -2,16 +2,19 @@
 //!
 //! - [`segment`]: a model seen as an ordered list of segments, which the planner, pipeline
 //!   stages and backward/communication overlap all build on.
+//! - [`classifier`]: [`ImageClassifier`], what the trainer needs of a model.
 //! - [`device_spec`]: parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`seed`]: deterministic, race-free seeding of Burn's process-wide random generator.
 //! - [`params`]: small helpers to enumerate a module's parameters.
 #![warn(missing_docs)]
 
+pub mod classifier;
 pub mod device_spec;
 pub mod params;
 pub mod seed;
 pub mod segment;
 
+pub use classifier::ImageClassifier;
 pub use device_spec::{DeviceSpec, DeviceSpecError};
 pub use params::{ParamInfo, param_infos};
 pub use seed::with_seed;

@@ -53,7 +53,7 @@ impl ModuleVisitor for InfoCollector {
         self.infos.push(ParamInfo {
             id: param.id,
             path: self.path.join("."),
-            shape: value.shape().dims.to_vec(),
+            shape: value.dims().to_vec(),
             trainable: value.is_require_grad(),
         });
     }

@@ -22,7 +22,9 @@ static SEED_LOCK: Mutex<()> = Mutex::new(());
 pub fn with_seed<T>(device: &Device, seed: u64, init: impl FnOnce() -> T) -> T {
     // A panic while holding the lock leaves nothing inconsistent behind: the generator is
     // re-seeded by the next caller anyway.
-    let _guard = SEED_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = SEED_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     device.seed(seed);
     init()
 }

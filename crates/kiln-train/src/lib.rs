@@ -1,1 +1,49 @@
-//! stub
+//! kiln's training loop.
+//!
+//! A [`Trainer`] (built with [`Trainer::builder`]) runs epochs or a fixed number of steps of
+//! an [`ImageClassifier`](kiln_core::ImageClassifier) with any of Burn's optimisers, a
+//! [`LrSchedule`], and reports loss, accuracy and images/s per step, live on a progress bar
+//! and as a summary per epoch. How gradients are produced is a [`GradientStep`]: on one
+//! device it is a plain forward and backward ([`LocalStep`]); the data-parallel runtime plugs
+//! in a step that also all-reduces gradients, without changing the loop.
+//!
+//! ```
+//! use burn::optim::SgdConfig;
+//! use burn::tensor::Device;
+//! use kiln_data::{DataLoader, SyntheticImages};
+//! use kiln_resnet::{ResNetConfig, StemKind};
+//! use kiln_train::{LrSchedule, Trainer};
+//!
+//! let device = Device::flex().autodiff();
+//! let model = ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device);
+//! let data = SyntheticImages::new(16, 4, 1, [3, 8, 8]);
+//! let loader = DataLoader::builder(data).batch_size(8).device(device.clone()).build();
+//! let trainer = Trainer::builder(model, SgdConfig::new().init())
+//!     .schedule(LrSchedule::constant(0.05))
+//!     .train_loader(loader)
+//!     .max_steps(2)
+//!     .progress(false)
+//!     .build()
+//!     .unwrap();
+//! let (_model, report) = trainer.fit().unwrap();
+//! assert_eq!(report.steps.len(), 2);
+//! ```
+#![warn(missing_docs)]
+
+mod error;
+mod evaluate;
+mod metrics;
+mod progress;
+mod schedule;
+mod step;
+mod trainer;
+
+pub use error::TrainError;
+pub use evaluate::{Evaluation, evaluate};
+pub use metrics::{EpochSummary, StepRecord, TrainReport};
+pub use schedule::{Decay, LrSchedule};
+pub use step::{GradientStep, LocalStep, StepOutput, classification_loss};
+pub use trainer::{Trainer, TrainerBuilder};
+
+#[cfg(test)]
+mod tests;

@@ -16,7 +16,11 @@ pub struct ImageItem {
 impl ImageItem {
     /// An item from 8-bit pixels scaled to `[0, 1]`.
     pub fn from_u8(pixels: &[u8], shape: [usize; 3], label: usize) -> Self {
-        Self { pixels: pixels.iter().map(|&p| f32::from(p) / 255.0).collect(), shape, label }
+        Self {
+            pixels: pixels.iter().map(|&p| f32::from(p) / 255.0).collect(),
+            shape,
+            label,
+        }
     }
 }
 

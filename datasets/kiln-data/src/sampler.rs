@@ -36,8 +36,18 @@ impl DistributedSampler {
     /// # Panics
     /// If `rank >= world_size`.
     pub fn new(len: usize, rank: usize, world_size: usize) -> Self {
-        assert!(rank < world_size, "rank {rank} is outside a world of {world_size}");
-        Self { len, rank, world_size, seed: None, drop_last: false, weights: None }
+        assert!(
+            rank < world_size,
+            "rank {rank} is outside a world of {world_size}"
+        );
+        Self {
+            len,
+            rank,
+            world_size,
+            seed: None,
+            drop_last: false,
+            weights: None,
+        }
     }
 
     /// Shuffles with `seed` (reshuffled every epoch).
@@ -58,7 +68,10 @@ impl DistributedSampler {
     /// If there is not one positive, finite weight per rank.
     pub fn weights(mut self, weights: Vec<f64>) -> Self {
         assert_eq!(weights.len(), self.world_size, "one weight per rank");
-        assert!(weights.iter().all(|w| w.is_finite() && *w > 0.0), "weights must be positive");
+        assert!(
+            weights.iter().all(|w| w.is_finite() && *w > 0.0),
+            "weights must be positive"
+        );
         self.weights = Some(weights);
         self
     }
@@ -72,7 +85,11 @@ impl DistributedSampler {
     pub fn shares(&self) -> Vec<usize> {
         match &self.weights {
             None => {
-                let per_rank = if self.drop_last { self.len / self.world_size } else { self.len.div_ceil(self.world_size) };
+                let per_rank = if self.drop_last {
+                    self.len / self.world_size
+                } else {
+                    self.len.div_ceil(self.world_size)
+                };
                 vec![per_rank; self.world_size]
             }
             Some(weights) => proportional_split(self.len, weights),
@@ -97,7 +114,10 @@ impl DistributedSampler {
         match &self.weights {
             None => {
                 let total = self.num_samples() * self.world_size;
-                (self.rank..total).step_by(self.world_size).map(|i| order[i % order.len()]).collect()
+                (self.rank..total)
+                    .step_by(self.world_size)
+                    .map(|i| order[i % order.len()])
+                    .collect()
             }
             Some(_) => {
                 let shares = self.shares();
@@ -115,7 +135,11 @@ fn proportional_split(len: usize, weights: &[f64]) -> Vec<usize> {
     let mut shares: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
     let mut left = len - shares.iter().sum::<usize>();
     let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
-    by_remainder.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+    by_remainder.sort_by(|&a, &b| {
+        (exact[b] - exact[b].floor())
+            .total_cmp(&(exact[a] - exact[a].floor()))
+            .then(a.cmp(&b))
+    });
     for rank in by_remainder {
         if left == 0 {
             break;
@@ -130,8 +154,15 @@ fn proportional_split(len: usize, weights: &[f64]) -> Vec<usize> {
 mod tests {
     use super::*;
 
-    fn all_ranks(len: usize, world: usize, build: impl Fn(DistributedSampler) -> DistributedSampler, epoch: u64) -> Vec<Vec<usize>> {
-        (0..world).map(|rank| build(DistributedSampler::new(len, rank, world)).indices(epoch)).collect()
+    fn all_ranks(
+        len: usize,
+        world: usize,
+        build: impl Fn(DistributedSampler) -> DistributedSampler,
+        epoch: u64,
+    ) -> Vec<Vec<usize>> {
+        (0..world)
+            .map(|rank| build(DistributedSampler::new(len, rank, world)).indices(epoch))
+            .collect()
     }
 
     #[test]
@@ -143,7 +174,11 @@ mod tests {
             let mut counts = vec![0; len];
             parts.iter().flatten().for_each(|&i| counts[i] += 1);
             assert!(counts.iter().all(|&c| c >= 1), "every index is read");
-            assert_eq!(counts.iter().sum::<usize>() - len, per_rank * world - len, "only the padding repeats");
+            assert_eq!(
+                counts.iter().sum::<usize>() - len,
+                per_rank * world - len,
+                "only the padding repeats"
+            );
         }
     }
 
@@ -162,7 +197,10 @@ mod tests {
     #[test]
     fn weighted_shares_are_proportional_and_partition_the_epoch() {
         let parts = all_ranks(1000, 3, |s| s.shuffle(5).weights(vec![1.0, 2.0, 1.0]), 4);
-        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), vec![250, 500, 250]);
+        assert_eq!(
+            parts.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![250, 500, 250]
+        );
         let mut all: Vec<usize> = parts.into_iter().flatten().collect();
         all.sort();
         assert_eq!(all, (0..1000).collect::<Vec<_>>());

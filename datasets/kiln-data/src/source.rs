@@ -30,15 +30,30 @@ impl<S: ImageSource + ?Sized> ImageSource for Arc<S> {
     }
 }
 
-/// Adapts any Burn [`Dataset`] of [`ImageItem`]s; a missing item becomes [`DataError::Item`].
+impl<S: ImageSource + ?Sized> ImageSource for Box<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn get(&self, index: usize) -> Result<ImageItem, DataError> {
+        (**self).get(index)
+    }
+}
+
+/// Adapts any Burn [`Dataset`] of [`ImageItem`]s; a failing item becomes [`DataError::Item`].
 #[derive(Debug, Clone)]
 pub struct BurnDataset<D>(pub D);
 
-impl<D: Dataset<ImageItem> + 'static> ImageSource for BurnDataset<D> {
+impl<D> ImageSource for BurnDataset<D>
+where
+    D: Dataset<ImageItem> + 'static,
+{
     fn len(&self) -> usize {
         self.0.len()
     }
     fn get(&self, index: usize) -> Result<ImageItem, DataError> {
-        self.0.get(index).ok_or_else(|| DataError::Item { index, detail: "the data set returned no item".into() })
+        self.0.get(index).map_err(|err| DataError::Item {
+            index,
+            detail: err.to_string(),
+        })
     }
 }

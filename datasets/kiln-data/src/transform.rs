@@ -1,6 +1,6 @@
 //! Per-sample transforms, run in the loader's workers.
 
-use rand::Rng;
+use rand::RngExt;
 use rand::rngs::StdRng;
 
 use crate::ImageItem;
@@ -33,12 +33,18 @@ pub enum Transform {
 impl Transform {
     /// The usual CIFAR-10 training augmentation: 4-pixel padded crop and horizontal flip.
     pub fn cifar_augmentation() -> Vec<Transform> {
-        vec![Transform::RandomCrop { padding: 4 }, Transform::HorizontalFlip { probability: 0.5 }]
+        vec![
+            Transform::RandomCrop { padding: 4 },
+            Transform::HorizontalFlip { probability: 0.5 },
+        ]
     }
 
     /// CIFAR-10's per-channel normalisation.
     pub fn cifar_normalize() -> Transform {
-        Transform::Normalize { mean: vec![0.4914, 0.4822, 0.4465], std: vec![0.2470, 0.2435, 0.2616] }
+        Transform::Normalize {
+            mean: vec![0.4914, 0.4822, 0.4465],
+            std: vec![0.2470, 0.2435, 0.2616],
+        }
     }
 
     /// Applies the transform to `item`.
@@ -49,9 +55,9 @@ impl Transform {
         let [channels, height, width] = item.shape;
         match self {
             Transform::RandomCrop { padding } => {
-                let p = *padding as isize;
-                let dy = rng.random_range(-p..=p);
-                let dx = rng.random_range(-p..=p);
+                let p = *padding as i64;
+                let dy = rng.random_range(-p..=p) as isize;
+                let dx = rng.random_range(-p..=p) as isize;
                 let mut out = vec![0.0; item.pixels.len()];
                 for c in 0..channels {
                     for y in 0..height {
@@ -76,7 +82,10 @@ impl Transform {
                 }
             }
             Transform::Normalize { mean, std } => {
-                assert!(mean.len() >= channels && std.len() >= channels, "Normalize needs one mean and std per channel");
+                assert!(
+                    mean.len() >= channels && std.len() >= channels,
+                    "Normalize needs one mean and std per channel"
+                );
                 for (c, plane) in item.pixels.chunks_mut(height * width).enumerate() {
                     plane.iter_mut().for_each(|v| *v = (*v - mean[c]) / std[c]);
                 }
@@ -91,7 +100,11 @@ mod tests {
     use crate::rng::derived_rng;
 
     fn ramp() -> ImageItem {
-        ImageItem { pixels: (0..2 * 3 * 4).map(|v| v as f32).collect(), shape: [2, 3, 4], label: 0 }
+        ImageItem {
+            pixels: (0..2 * 3 * 4).map(|v| v as f32).collect(),
+            shape: [2, 3, 4],
+            label: 0,
+        }
     }
 
     #[test]
@@ -112,7 +125,10 @@ mod tests {
             Transform::RandomCrop { padding: 1 }.apply(&mut item, &mut derived_rng(1, 2, index));
             let kept = item.pixels.iter().filter(|&&v| v != 0.0).count();
             seen_shift |= item != ramp();
-            assert!(kept >= 2 * 2 * 3 - 1, "a shift by at most one pixel keeps most values");
+            assert!(
+                kept >= 2 * 2 * 3 - 1,
+                "a shift by at most one pixel keeps most values"
+            );
         }
         assert!(seen_shift);
     }
@@ -120,7 +136,11 @@ mod tests {
     #[test]
     fn normalize_uses_per_channel_statistics() {
         let mut item = ramp();
-        Transform::Normalize { mean: vec![0.0, 12.0], std: vec![1.0, 2.0] }.apply(&mut item, &mut derived_rng(0, 0, 0));
+        Transform::Normalize {
+            mean: vec![0.0, 12.0],
+            std: vec![1.0, 2.0],
+        }
+        .apply(&mut item, &mut derived_rng(0, 0, 0));
         assert_eq!(item.pixels[0], 0.0);
         assert_eq!(item.pixels[12], 0.0);
         assert_eq!(item.pixels[13], 0.5);

@@ -10,7 +10,10 @@ use crate::BlockKind;
 
 /// torchvision's convolution initialiser: Kaiming normal, fan-out, ReLU gain.
 pub(crate) fn conv_initializer() -> Initializer {
-    Initializer::KaimingNormal { gain: std::f64::consts::SQRT_2, fan_out_only: true }
+    Initializer::KaimingNormal {
+        gain: std::f64::consts::SQRT_2,
+        fan_out_only: true,
+    }
 }
 
 fn conv(channels: [usize; 2], kernel: usize, stride: usize, device: &Device) -> Conv2d {
@@ -34,7 +37,10 @@ pub struct Downsample {
 
 impl Downsample {
     fn new(channels: [usize; 2], stride: usize, device: &Device) -> Self {
-        Self { conv: conv(channels, 1, stride, device), bn: BatchNormConfig::new(channels[1]).init(device) }
+        Self {
+            conv: conv(channels, 1, stride, device),
+            bn: BatchNormConfig::new(channels[1]).init(device),
+        }
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
@@ -148,7 +154,13 @@ pub enum ResidualBlock {
 
 impl ResidualBlock {
     /// A block of `kind` from `in_channels` to `width × expansion` channels.
-    pub fn new(kind: BlockKind, in_channels: usize, width: usize, stride: usize, device: &Device) -> Self {
+    pub fn new(
+        kind: BlockKind,
+        in_channels: usize,
+        width: usize,
+        stride: usize,
+        device: &Device,
+    ) -> Self {
         match kind {
             BlockKind::Basic => Self::Basic(BasicBlock::new(in_channels, width, stride, device)),
             BlockKind::Bottleneck => {

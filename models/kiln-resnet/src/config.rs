@@ -102,7 +102,10 @@ impl ResNetConfig {
     pub fn init(&self, device: &Device) -> ResNet {
         assert!(self.base_width > 0, "base_width must be positive");
         assert!(self.num_classes > 0, "num_classes must be positive");
-        assert!(self.layers.iter().all(|&n| n > 0), "every stage needs at least one block");
+        assert!(
+            self.layers.iter().all(|&n| n > 0),
+            "every stage needs at least one block"
+        );
 
         let stem = Stem::new(self.stem, self.in_channels, self.base_width, device);
         let expansion = self.block.expansion();
@@ -112,7 +115,13 @@ impl ResNetConfig {
             let width = self.base_width << stage;
             for index in 0..count {
                 let stride = if stage > 0 && index == 0 { 2 } else { 1 };
-                blocks.push(ResidualBlock::new(self.block, in_channels, width, stride, device));
+                blocks.push(ResidualBlock::new(
+                    self.block,
+                    in_channels,
+                    width,
+                    stride,
+                    device,
+                ));
                 in_channels = width * expansion;
             }
         }

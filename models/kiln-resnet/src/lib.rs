@@ -26,3 +26,6 @@ pub use block::{BasicBlock, Bottleneck, Downsample, ResidualBlock};
 pub use config::{BlockKind, ResNetConfig, StemKind};
 pub use model::ResNet;
 pub use stem::Stem;
+
+#[cfg(test)]
+mod tests;

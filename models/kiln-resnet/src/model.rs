@@ -28,7 +28,10 @@ impl ResNet {
 
     /// `[batch, channels, h, w]` images → `[batch, num_classes]` logits.
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = self.blocks.iter().fold(self.stem.forward(images), |x, block| block.forward(x));
+        let x = self
+            .blocks
+            .iter()
+            .fold(self.stem.forward(images), |x, block| block.forward(x));
         self.head(x)
     }
 
@@ -67,5 +70,11 @@ impl Segmented for ResNet {
             SegmentId::Middle(index) => self.blocks[index].visit(visitor),
             SegmentId::Output => self.fc.visit(visitor),
         }
+    }
+}
+
+impl kiln_core::ImageClassifier for ResNet {
+    fn forward_logits(&self, images: Tensor<4>) -> Tensor<2> {
+        self.forward(images)
     }
 }

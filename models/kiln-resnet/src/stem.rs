@@ -30,7 +30,9 @@ impl Stem {
         };
         let conv = Conv2dConfig::new([in_channels, width], [kernel, kernel])
             .with_stride([stride, stride])
-            .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
+            .with_padding(PaddingConfig2d::Explicit(
+                padding, padding, padding, padding,
+            ))
             .with_bias(false)
             .with_initializer(conv_initializer())
             .init(device);
@@ -40,7 +42,11 @@ impl Stem {
                 .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
                 .init()
         });
-        Self { conv, bn: BatchNormConfig::new(width).init(device), pool }
+        Self {
+            conv,
+            bn: BatchNormConfig::new(width).init(device),
+            pool,
+        }
     }
 
     /// `[batch, in_channels, h, w]` → `[batch, width, h', w']`.

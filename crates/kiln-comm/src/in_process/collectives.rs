@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::group::Shared;
-use super::rendezvous::lost;
 use crate::element::{narrow_into, widen_into};
 use crate::{CommElement, CommError, ReduceOp};
 
@@ -35,7 +34,9 @@ pub struct InProcessCommunicator {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Buffers are overwritten before every use, so data left by a panicking holder is harmless.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The element range of chunk `chunk` when `len` elements are split over `parts` ranks.
@@ -50,7 +51,12 @@ impl InProcessCommunicator {
         to: Vec<Sender<Vec<f32>>>,
         from: Vec<Receiver<Vec<f32>>>,
     ) -> Self {
-        Self { rank, shared, to, from }
+        Self {
+            rank,
+            shared,
+            to,
+            from,
+        }
     }
 
     /// This rank's index in `0..world_size`.
@@ -69,12 +75,21 @@ impl InProcessCommunicator {
     }
 
     fn sync(&self, op: &'static str) -> Result<(), CommError> {
-        self.shared.rendezvous.wait(op, self.rank, self.shared.timeout)
+        self.shared
+            .rendezvous
+            .wait(op, self.rank, self.shared.timeout)
     }
 
     fn fail(&self, op: &'static str, detail: String) -> CommError {
-        self.shared.rendezvous.poison(self.rank, format!("rank {} failed `{op}`: {detail}", self.rank));
-        CommError::InvalidArgument { op, rank: self.rank, detail }
+        self.shared.rendezvous.poison(
+            self.rank,
+            format!("rank {} failed `{op}`: {detail}", self.rank),
+        );
+        CommError::InvalidArgument {
+            op,
+            rank: self.rank,
+            detail,
+        }
     }
 
     /// Stages `data` in this rank's slot, chunked over the ranks.
@@ -86,7 +101,13 @@ impl InProcessCommunicator {
     }
 
     /// Reduces chunk `chunk` over every rank's slot into `out`.
-    fn reduce_chunk(&self, op: &'static str, chunk: usize, reduce: ReduceOp, out: &mut Vec<f32>) -> Result<(), CommError> {
+    fn reduce_chunk(
+        &self,
+        op: &'static str,
+        chunk: usize,
+        reduce: ReduceOp,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
         let slots = &self.shared.slots;
         out.clear();
         out.extend_from_slice(&lock(&slots[0][chunk]));
@@ -108,7 +129,11 @@ impl InProcessCommunicator {
     ///
     /// Half-precision buffers are reduced in `f32` and rounded once at the end. The
     /// summation order is fixed (rank 0, 1, …), so results are deterministic.
-    pub fn all_reduce<T: CommElement>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+    pub fn all_reduce<T: CommElement>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         const OP: &str = "all_reduce";
         let n = self.world_size();
         if n == 1 {
@@ -128,7 +153,10 @@ impl InProcessCommunicator {
             let range = chunk_range(data.len(), n, chunk);
             let reduced = lock(&self.shared.reduced[chunk]);
             if reduced.len() != range.len() {
-                return Err(self.fail(OP, format!("buffer lengths differ between ranks (chunk {chunk})")));
+                return Err(self.fail(
+                    OP,
+                    format!("buffer lengths differ between ranks (chunk {chunk})"),
+                ));
             }
             narrow_into(&mut data[range], &reduced);
         }
@@ -152,7 +180,14 @@ impl InProcessCommunicator {
                 let range = chunk_range(data.len(), n, chunk);
                 let values = lock(&self.shared.slots[root][chunk]);
                 if values.len() != range.len() {
-                    return Err(self.fail(OP, format!("root has {} elements in chunk {chunk}, this rank expects {}", values.len(), range.len())));
+                    return Err(self.fail(
+                        OP,
+                        format!(
+                            "root has {} elements in chunk {chunk}, this rank expects {}",
+                            values.len(),
+                            range.len()
+                        ),
+                    ));
                 }
                 narrow_into(&mut data[range], &values);
             }
@@ -163,11 +198,23 @@ impl InProcessCommunicator {
     /// Concatenates every rank's `input` in rank order into `output`.
     ///
     /// `output.len()` must be `world_size × input.len()`.
-    pub fn all_gather<T: CommElement>(&self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
+    pub fn all_gather<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), CommError> {
         const OP: &str = "all_gather";
         let n = self.world_size();
         if output.len() != n * input.len() {
-            return Err(self.fail(OP, format!("output has {} elements, expected {} × {}", output.len(), n, input.len())));
+            return Err(self.fail(
+                OP,
+                format!(
+                    "output has {} elements, expected {} × {}",
+                    output.len(),
+                    n,
+                    input.len()
+                ),
+            ));
         }
         if n == 1 {
             output.copy_from_slice(input);
@@ -180,7 +227,10 @@ impl InProcessCommunicator {
             for cell in &self.shared.slots[peer] {
                 let values = lock(cell);
                 if offset + values.len() > out.len() {
-                    return Err(self.fail(OP, format!("rank {peer} contributed more than {} elements", input.len())));
+                    return Err(self.fail(
+                        OP,
+                        format!("rank {peer} contributed more than {} elements", input.len()),
+                    ));
                 }
                 narrow_into(&mut out[offset..offset + values.len()], &values);
                 offset += values.len();
@@ -192,11 +242,24 @@ impl InProcessCommunicator {
     /// Reduces `input` over all ranks and gives rank `r` the `r`-th of `world_size` equal parts.
     ///
     /// `input.len()` must be `world_size × output.len()`.
-    pub fn reduce_scatter<T: CommElement>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+    pub fn reduce_scatter<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         const OP: &str = "reduce_scatter";
         let n = self.world_size();
         if input.len() != n * output.len() {
-            return Err(self.fail(OP, format!("input has {} elements, expected {} × {}", input.len(), n, output.len())));
+            return Err(self.fail(
+                OP,
+                format!(
+                    "input has {} elements, expected {} × {}",
+                    input.len(),
+                    n,
+                    output.len()
+                ),
+            ));
         }
         self.stage(input);
         self.sync(OP)?;
@@ -234,8 +297,15 @@ impl InProcessCommunicator {
             self.shared.rendezvous.check(OP, self.rank)?;
             let waited = start.elapsed();
             if waited >= self.shared.timeout {
-                self.shared.rendezvous.poison(self.rank, format!("rank {} timed out in `recv` from rank {src}", self.rank));
-                return Err(CommError::Timeout { op: OP, rank: self.rank, waited });
+                self.shared.rendezvous.poison(
+                    self.rank,
+                    format!("rank {} timed out in `recv` from rank {src}", self.rank),
+                );
+                return Err(CommError::Timeout {
+                    op: OP,
+                    rank: self.rank,
+                    waited,
+                });
             }
             match self.from[src].recv_timeout(POLL.min(self.shared.timeout - waited)) {
                 Ok(payload) => break payload,
@@ -251,7 +321,14 @@ impl InProcessCommunicator {
             }
         };
         if payload.len() != data.len() {
-            return Err(self.fail(OP, format!("rank {src} sent {} elements, expected {}", payload.len(), data.len())));
+            return Err(self.fail(
+                OP,
+                format!(
+                    "rank {src} sent {} elements, expected {}",
+                    payload.len(),
+                    data.len()
+                ),
+            ));
         }
         narrow_into(data, &payload);
         Ok(())
@@ -261,7 +338,11 @@ impl InProcessCommunicator {
         if peer < self.world_size() {
             Ok(())
         } else {
-            Err(CommError::InvalidArgument { op, rank: self.rank, detail: format!("rank {peer} is outside the group of {}", self.world_size()) })
+            Err(CommError::InvalidArgument {
+                op,
+                rank: self.rank,
+                detail: format!("rank {peer} is outside the group of {}", self.world_size()),
+            })
         }
     }
 
@@ -274,8 +355,14 @@ impl InProcessCommunicator {
 
 impl Drop for InProcessCommunicator {
     fn drop(&mut self) {
-        let how = if std::thread::panicking() { "panicked" } else { "dropped its communicator" };
-        self.shared.rendezvous.poison(self.rank, format!("rank {} {how}", self.rank));
+        let how = if std::thread::panicking() {
+            "panicked"
+        } else {
+            "dropped its communicator"
+        };
+        self.shared
+            .rendezvous
+            .poison(self.rank, format!("rank {} {how}", self.rank));
     }
 }
 

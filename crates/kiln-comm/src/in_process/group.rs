@@ -47,7 +47,10 @@ impl InProcessGroup {
     /// If `world_size` is zero.
     pub fn new(world_size: usize) -> Self {
         assert!(world_size > 0, "a group needs at least one rank");
-        Self { world_size, timeout: DEFAULT_TIMEOUT }
+        Self {
+            world_size,
+            timeout: DEFAULT_TIMEOUT,
+        }
     }
 
     /// How long any blocking operation may wait for the other ranks.

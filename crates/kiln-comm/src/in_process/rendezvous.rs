@@ -33,20 +33,29 @@ pub(crate) struct Rendezvous {
 
 impl Rendezvous {
     pub fn new(world_size: usize) -> Self {
-        Self { world_size, state: Mutex::new(State::default()), cond: Condvar::new() }
+        Self {
+            world_size,
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state is a few integers updated atomically under the lock: a panicking holder
         // cannot leave it half-written.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Marks the group unusable; the first poison wins. Wakes every waiter.
     pub fn poison(&self, peer: usize, reason: impl Into<String>) {
         let mut state = self.lock();
         if state.poison.is_none() {
-            state.poison = Some(Poison { peer, reason: reason.into() });
+            state.poison = Some(Poison {
+                peer,
+                reason: reason.into(),
+            });
         }
         self.cond.notify_all();
     }
@@ -104,5 +113,10 @@ impl Rendezvous {
 }
 
 pub(crate) fn lost(op: &'static str, rank: usize, poison: &Poison) -> CommError {
-    CommError::PeerLost { op, rank, peer: poison.peer, reason: poison.reason.clone() }
+    CommError::PeerLost {
+        op,
+        rank,
+        peer: poison.peer,
+        reason: poison.reason.clone(),
+    }
 }

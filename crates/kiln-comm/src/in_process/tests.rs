@@ -16,7 +16,9 @@ fn run<R: Send + 'static>(
     world: usize,
     body: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    let comms = InProcessGroup::new(world).timeout(Duration::from_secs(20)).build();
+    let comms = InProcessGroup::new(world)
+        .timeout(Duration::from_secs(20))
+        .build();
     let handles: Vec<_> = comms
         .into_iter()
         .map(|comm| {
@@ -24,12 +26,17 @@ fn run<R: Send + 'static>(
             thread::spawn(move || body(comm))
         })
         .collect();
-    handles.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank panicked"))
+        .collect()
 }
 
 /// Rank `r`'s deterministic input of length `len`.
 fn input(rank: usize, len: usize) -> Vec<f32> {
-    (0..len).map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.25 - 12.0).collect()
+    (0..len)
+        .map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.25 - 12.0)
+        .collect()
 }
 
 fn reference(world: usize, len: usize, op: ReduceOp) -> Vec<f32> {
@@ -65,7 +72,11 @@ fn all_reduce_matches_serial_reference_for_every_op_world_and_length() {
             });
             for per_rank in results {
                 for (data, &len) in per_rank.iter().zip(&LENGTHS) {
-                    assert_eq!(data, &reference(world, len, op), "world {world}, {op:?}, len {len}");
+                    assert_eq!(
+                        data,
+                        &reference(world, len, op),
+                        "world {world}, {op:?}, len {len}"
+                    );
                 }
             }
         }
@@ -89,10 +100,16 @@ fn half_precision_all_reduce_is_reduced_in_f32() {
             // Inputs are exact in both formats (multiples of 0.25 below 32); the only rounding is
             // the final narrowing: half an ulp, 2^-11 relative for f16 and 2^-8 for bf16.
             for (got, want) in h.iter().zip(&sum) {
-                assert!((got.to_f32() - want).abs() <= want.abs() * 4.9e-4 + 1e-6, "f16 {got} vs {want}");
+                assert!(
+                    (got.to_f32() - want).abs() <= want.abs() * 4.9e-4 + 1e-6,
+                    "f16 {got} vs {want}"
+                );
             }
             for (got, want) in b.iter().zip(&mean) {
-                assert!((got.to_f32() - want).abs() <= want.abs() * 3.9e-3 + 1e-6, "bf16 {got} vs {want}");
+                assert!(
+                    (got.to_f32() - want).abs() <= want.abs() * 3.9e-3 + 1e-6,
+                    "bf16 {got} vs {want}"
+                );
             }
         }
     }
@@ -106,17 +123,27 @@ fn broadcast_all_gather_reduce_scatter_match_reference() {
             let mut out = Vec::new();
             for &len in &LENGTHS[..6] {
                 let root = len % comm.world_size();
-                let mut data = if rank == root { input(root, len) } else { vec![0.0; len] };
+                let mut data = if rank == root {
+                    input(root, len)
+                } else {
+                    vec![0.0; len]
+                };
                 comm.broadcast(&mut data, root).unwrap();
                 assert_eq!(data, input(root, len), "broadcast world {world} len {len}");
 
                 let mut gathered = vec![0.0; len * comm.world_size()];
                 comm.all_gather(&input(rank, len), &mut gathered).unwrap();
-                let expected: Vec<f32> = (0..comm.world_size()).flat_map(|r| input(r, len)).collect();
+                let expected: Vec<f32> =
+                    (0..comm.world_size()).flat_map(|r| input(r, len)).collect();
                 assert_eq!(gathered, expected, "all_gather world {world} len {len}");
 
                 let mut part = vec![0.0; len];
-                comm.reduce_scatter(&input(rank, len * comm.world_size()), &mut part, ReduceOp::Sum).unwrap();
+                comm.reduce_scatter(
+                    &input(rank, len * comm.world_size()),
+                    &mut part,
+                    ReduceOp::Sum,
+                )
+                .unwrap();
                 out.push(part);
             }
             out
@@ -124,7 +151,11 @@ fn broadcast_all_gather_reduce_scatter_match_reference() {
         for (rank, parts) in results.into_iter().enumerate() {
             for (part, &len) in parts.iter().zip(&LENGTHS[..6]) {
                 let full = reference(world, len * world, ReduceOp::Sum);
-                assert_eq!(part[..], full[rank * len..(rank + 1) * len], "reduce_scatter world {world} len {len}");
+                assert_eq!(
+                    part[..],
+                    full[rank * len..(rank + 1) * len],
+                    "reduce_scatter world {world} len {len}"
+                );
             }
         }
     }
@@ -150,7 +181,9 @@ fn send_and_recv_pass_messages_around_a_ring() {
 #[test]
 fn a_panicking_rank_fails_every_other_rank_promptly() {
     let start = Instant::now();
-    let comms = InProcessGroup::new(4).timeout(Duration::from_secs(30)).build();
+    let comms = InProcessGroup::new(4)
+        .timeout(Duration::from_secs(30))
+        .build();
     let handles: Vec<_> = comms
         .into_iter()
         .map(|comm| {
@@ -178,23 +211,44 @@ fn a_panicking_rank_fails_every_other_rank_promptly() {
             }
         }
     }
-    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
 fn a_missing_rank_times_out_instead_of_hanging() {
-    let mut comms = InProcessGroup::new(3).timeout(Duration::from_millis(300)).build();
+    let mut comms = InProcessGroup::new(3)
+        .timeout(Duration::from_millis(300))
+        .build();
     let absent = comms.pop().unwrap(); // rank 2 never calls anything (but stays alive)
     let handles: Vec<_> = comms
         .into_iter()
         .map(|comm| thread::spawn(move || comm.barrier()))
         .collect();
-    let errors: Vec<_> = handles.into_iter().map(|h| h.join().unwrap().unwrap_err()).collect();
+    let errors: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap_err())
+        .collect();
     // One rank times out; it poisons the group, so the other fails at once as well.
-    assert!(errors.iter().any(|e| matches!(e, CommError::Timeout { op: "barrier", .. })), "{errors:?}");
-    assert!(errors.iter().all(|e| matches!(e, CommError::Timeout { .. } | CommError::PeerLost { .. })));
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(e, CommError::Timeout { op: "barrier", .. })),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| matches!(e, CommError::Timeout { .. } | CommError::PeerLost { .. }))
+    );
     let mut buf = [0.0f32; 1];
-    assert!(absent.recv(&mut buf, 0).is_err(), "the absent rank sees the group is gone too");
+    assert!(
+        absent.recv(&mut buf, 0).is_err(),
+        "the absent rank sees the group is gone too"
+    );
 }
 
 #[test]

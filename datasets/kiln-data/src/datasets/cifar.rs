@@ -27,7 +27,10 @@ impl Cifar10 {
     /// The 50,000 training images of `dir`.
     pub fn train(dir: impl AsRef<Path>) -> Result<Self, DataError> {
         let dir = dir.as_ref();
-        Self::open(dir, (1..=5).map(|i| dir.join(format!("data_batch_{i}.bin"))))
+        Self::open(
+            dir,
+            (1..=5).map(|i| dir.join(format!("data_batch_{i}.bin"))),
+        )
     }
 
     /// The 10,000 test images of `dir`.
@@ -52,17 +55,28 @@ impl Cifar10 {
             }
             for (record, chunk) in bytes.chunks(RECORD).enumerate() {
                 if usize::from(chunk[0]) >= CLASSES {
-                    return Err(format_error(&path, format!("record {record}: label {} is not in 0..{CLASSES}", chunk[0])));
+                    return Err(format_error(
+                        &path,
+                        format!("record {record}: label {} is not in 0..{CLASSES}", chunk[0]),
+                    ));
                 }
             }
             records.extend_from_slice(&bytes);
         }
         let meta = dir.join("batches.meta.txt");
         let class_names = match std::fs::read_to_string(&meta) {
-            Ok(text) => text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect(),
+            Ok(text) => text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect(),
             Err(source) => return Err(DataError::Io { path: meta, source }),
         };
-        Ok(Self { records: Arc::new(records), class_names })
+        Ok(Self {
+            records: Arc::new(records),
+            class_names,
+        })
     }
 
     /// Class names from `batches.meta.txt`.
@@ -80,7 +94,14 @@ impl ImageSource for Cifar10 {
         let record = self
             .records
             .get(index * RECORD..(index + 1) * RECORD)
-            .ok_or_else(|| DataError::Item { index, detail: format!("index out of range for {} images", self.len()) })?;
-        Ok(ImageItem::from_u8(&record[1..], [3, SIDE, SIDE], usize::from(record[0])))
+            .ok_or_else(|| DataError::Item {
+                index,
+                detail: format!("index out of range for {} images", self.len()),
+            })?;
+        Ok(ImageItem::from_u8(
+            &record[1..],
+            [3, SIDE, SIDE],
+            usize::from(record[0]),
+        ))
     }
 }

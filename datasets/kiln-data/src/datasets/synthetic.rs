@@ -1,6 +1,6 @@
 //! A seeded, learnable, CIFAR-shaped synthetic data set.
 
-use rand::Rng;
+use rand::RngExt;
 
 use crate::rng::{derived_rng, mix};
 use crate::{DataError, ImageItem, ImageSource};
@@ -34,19 +34,29 @@ impl SyntheticImages {
         let templates = (0..num_classes)
             .map(|class| {
                 let mut rng = derived_rng(seed, 0x7E3F, class as u64);
-                let blocks: Vec<f32> = (0..c * 16).map(|_| if rng.random_bool(0.5) { 0.75 } else { 0.25 }).collect();
+                let blocks: Vec<f32> = (0..c * 16)
+                    .map(|_| if rng.random_bool(0.5) { 0.75 } else { 0.25 })
+                    .collect();
                 let mut pixels = vec![0.0; c * h * w];
                 for ch in 0..c {
                     for y in 0..h {
                         for x in 0..w {
-                            pixels[(ch * h + y) * w + x] = blocks[ch * 16 + (y * 4 / h) * 4 + x * 4 / w];
+                            pixels[(ch * h + y) * w + x] =
+                                blocks[ch * 16 + (y * 4 / h) * 4 + x * 4 / w];
                         }
                     }
                 }
                 pixels
             })
             .collect();
-        Self { len, num_classes, seed, shape, noise: 0.6, templates }
+        Self {
+            len,
+            num_classes,
+            seed,
+            shape,
+            noise: 0.6,
+            templates,
+        }
     }
 
     /// `len` 3×32×32 samples, like CIFAR-10.
@@ -62,7 +72,11 @@ impl SyntheticImages {
 
     /// The same distribution with different samples (e.g. a validation split).
     pub fn split(&self, len: usize, seed: u64) -> Self {
-        Self { len, seed: mix(seed ^ self.seed), ..self.clone() }
+        Self {
+            len,
+            seed: mix(seed ^ self.seed),
+            ..self.clone()
+        }
     }
 
     /// Number of classes.
@@ -78,7 +92,10 @@ impl ImageSource for SyntheticImages {
 
     fn get(&self, index: usize) -> Result<ImageItem, DataError> {
         if index >= self.len {
-            return Err(DataError::Item { index, detail: format!("index out of range for {} samples", self.len) });
+            return Err(DataError::Item {
+                index,
+                detail: format!("index out of range for {} samples", self.len),
+            });
         }
         let mut rng = derived_rng(self.seed, 0x5A3F, index as u64);
         let label = rng.random_range(0..self.num_classes);
@@ -88,7 +105,11 @@ impl ImageSource for SyntheticImages {
             .iter()
             .map(|&t| t + shift + noise * (rng.random::<f32>() - 0.5))
             .collect();
-        Ok(ImageItem { pixels, shape: self.shape, label })
+        Ok(ImageItem {
+            pixels,
+            shape: self.shape,
+            label,
+        })
     }
 }
 

@@ -100,7 +100,8 @@ impl DataLoaderBuilder {
         assert!(self.batch_size > 0, "batch_size must be positive");
         assert!(self.prefetch > 0, "prefetch must be positive");
         let (rank, world) = self.shard;
-        let mut sampler = DistributedSampler::new(self.source.len(), rank, world).drop_last(self.drop_last);
+        let mut sampler =
+            DistributedSampler::new(self.source.len(), rank, world).drop_last(self.drop_last);
         if let Some(seed) = self.seed {
             sampler = sampler.shuffle(seed);
         }
@@ -113,6 +114,13 @@ impl DataLoaderBuilder {
             device: self.device,
             seed: self.seed.unwrap_or(0),
         });
-        DataLoader::start(recipe, sampler, self.batch_size, self.drop_last, self.num_workers, self.prefetch)
+        DataLoader::start(
+            recipe,
+            sampler,
+            self.batch_size,
+            self.drop_last,
+            self.num_workers,
+            self.prefetch,
+        )
     }
 }

@@ -48,19 +48,36 @@ impl BatchRecipe {
                     shape = Some(item.shape);
                 }
                 Some(expected) if expected != item.shape => {
-                    return Err(DataError::Item { index, detail: format!("shape {:?} differs from the batch's {expected:?}", item.shape) });
+                    return Err(DataError::Item {
+                        index,
+                        detail: format!(
+                            "shape {:?} differs from the batch's {expected:?}",
+                            item.shape
+                        ),
+                    });
                 }
                 Some(_) => {}
             }
             if item.pixels.len() != item.shape.iter().product::<usize>() {
-                return Err(DataError::Item { index, detail: format!("{} values for shape {:?}", item.pixels.len(), item.shape) });
+                return Err(DataError::Item {
+                    index,
+                    detail: format!("{} values for shape {:?}", item.pixels.len(), item.shape),
+                });
             }
             pixels.extend_from_slice(&item.pixels);
             labels.push(item.label as i64);
         }
         let [c, h, w] = shape.unwrap_or([0, 0, 0]);
-        let images = Tensor::from_data(TensorData::new(pixels, [indices.len(), c, h, w]), &self.device);
-        let labels = Tensor::<1, Int>::from_data(TensorData::new(labels, [indices.len()]), &self.device);
-        Ok(ImageBatch { images, labels, indices })
+        let images = Tensor::from_data(
+            TensorData::new(pixels, [indices.len(), c, h, w]),
+            &self.device,
+        );
+        let labels =
+            Tensor::<1, Int>::from_data(TensorData::new(labels, [indices.len()]), &self.device);
+        Ok(ImageBatch {
+            images,
+            labels,
+            indices,
+        })
     }
 }

@@ -42,7 +42,15 @@ impl DataLoader {
         let workers = (0..num_workers)
             .map(|id| Worker::spawn(id, Arc::clone(&recipe), prefetch, Arc::clone(&generation)))
             .collect();
-        Self { recipe, sampler, batch_size, drop_last, workers, generation, waited: Duration::ZERO }
+        Self {
+            recipe,
+            sampler,
+            batch_size,
+            drop_last,
+            workers,
+            generation,
+            waited: Duration::ZERO,
+        }
     }
 
     /// The sample indices of every batch of `epoch`, in order.
@@ -58,7 +66,16 @@ impl DataLoader {
     /// Number of batches per epoch.
     pub fn num_batches(&self) -> usize {
         let samples = self.sampler.num_samples();
-        if self.drop_last { samples / self.batch_size } else { samples.div_ceil(self.batch_size) }
+        if self.drop_last {
+            samples / self.batch_size
+        } else {
+            samples.div_ceil(self.batch_size)
+        }
+    }
+
+    /// The device batches are built on.
+    pub fn device(&self) -> &burn::tensor::Device {
+        &self.recipe.device
     }
 
     /// Total time the consumer has waited for batches (for stall measurement).
@@ -83,11 +100,22 @@ impl DataLoader {
             for (worker, batches) in self.workers.iter().zip(plans) {
                 if let Some(plans) = &worker.plans {
                     // A worker that died shows up as a lost batch when it is due.
-                    let _ = plans.send(Plan { generation, epoch, batches });
+                    let _ = plans.send(Plan {
+                        generation,
+                        epoch,
+                        batches,
+                    });
                 }
             }
         }
-        EpochIter { loader: self, epoch, generation, next: 0, total, pending }
+        EpochIter {
+            loader: self,
+            epoch,
+            generation,
+            next: 0,
+            total,
+            pending,
+        }
     }
 }
 
@@ -137,7 +165,12 @@ impl EpochIter<'_> {
                     return delivery.result;
                 }
                 Ok(_stale) => continue, // left over from an abandoned epoch
-                Err(_) => return Err(DataError::WorkerLost { worker: batch % n, batch }),
+                Err(_) => {
+                    return Err(DataError::WorkerLost {
+                        worker: batch % n,
+                        batch,
+                    });
+                }
             }
         }
     }

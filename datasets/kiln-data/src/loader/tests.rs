@@ -19,7 +19,15 @@ fn batches(workers: usize, epoch: u64) -> Vec<(Vec<usize>, Vec<f32>, Vec<i64>)> 
         .epoch(epoch)
         .map(|b| {
             let b = b.unwrap();
-            (b.indices, b.images.into_data().to_vec::<f32>().unwrap(), b.labels.into_data().convert::<i64>().to_vec::<i64>().unwrap())
+            (
+                b.indices,
+                b.images.into_data().to_vec::<f32>().unwrap(),
+                b.labels
+                    .into_data()
+                    .convert::<i64>()
+                    .to_vec::<i64>()
+                    .unwrap(),
+            )
         })
         .collect()
 }
@@ -30,7 +38,10 @@ fn batch_sequence_and_augmentation_are_identical_for_any_worker_count() {
         let reference = batches(0, epoch);
         assert_eq!(reference.len(), 7, "53 samples in batches of 8");
         for workers in [1, 2, 4] {
-            assert!(batches(workers, epoch) == reference, "{workers} workers differ in epoch {epoch}");
+            assert!(
+                batches(workers, epoch) == reference,
+                "{workers} workers differ in epoch {epoch}"
+            );
         }
     }
     assert!(batches(2, 0) != batches(2, 1), "epochs are reshuffled");
@@ -38,11 +49,18 @@ fn batch_sequence_and_augmentation_are_identical_for_any_worker_count() {
 
 #[test]
 fn every_index_is_read_once_per_epoch_and_drop_last_drops_the_partial_batch() {
-    let mut loader = DataLoader::builder(SyntheticImages::new(20, 2, 1, [1, 2, 2])).batch_size(6).num_workers(2).shuffle(1).build();
+    let mut loader = DataLoader::builder(SyntheticImages::new(20, 2, 1, [1, 2, 2]))
+        .batch_size(6)
+        .num_workers(2)
+        .shuffle(1)
+        .build();
     let mut seen: Vec<usize> = loader.epoch(0).flat_map(|b| b.unwrap().indices).collect();
     seen.sort();
     assert_eq!(seen, (0..20).collect::<Vec<_>>());
-    let mut loader = DataLoader::builder(SyntheticImages::new(20, 2, 1, [1, 2, 2])).batch_size(6).drop_last(true).build();
+    let mut loader = DataLoader::builder(SyntheticImages::new(20, 2, 1, [1, 2, 2]))
+        .batch_size(6)
+        .drop_last(true)
+        .build();
     assert_eq!(loader.num_batches(), 3);
     assert_eq!(loader.epoch(0).count(), 3);
 }
@@ -51,7 +69,12 @@ fn every_index_is_read_once_per_epoch_and_drop_last_drops_the_partial_batch() {
 fn shards_partition_the_epoch() {
     let mut all = Vec::new();
     for rank in 0..3 {
-        let mut loader = DataLoader::builder(SyntheticImages::new(30, 2, 1, [1, 2, 2])).batch_size(4).shard(rank, 3).shuffle(2).num_workers(1).build();
+        let mut loader = DataLoader::builder(SyntheticImages::new(30, 2, 1, [1, 2, 2]))
+            .batch_size(4)
+            .shard(rank, 3)
+            .shuffle(2)
+            .num_workers(1)
+            .build();
         all.extend(loader.epoch(1).flat_map(|b| b.unwrap().indices));
     }
     all.sort();
@@ -67,9 +90,16 @@ impl ImageSource for Faulty {
     }
     fn get(&self, index: usize) -> Result<ImageItem, DataError> {
         match index {
-            13 => Err(DataError::Item { index, detail: "bad record".into() }),
+            13 => Err(DataError::Item {
+                index,
+                detail: "bad record".into(),
+            }),
             21 => panic!("corrupt sample {index}"),
-            _ => Ok(ImageItem { pixels: vec![0.0; 4], shape: [1, 2, 2], label: 0 }),
+            _ => Ok(ImageItem {
+                pixels: vec![0.0; 4],
+                shape: [1, 2, 2],
+                label: 0,
+            }),
         }
     }
 }
@@ -77,12 +107,25 @@ impl ImageSource for Faulty {
 #[test]
 fn a_failing_or_panicking_item_reaches_the_consumer_as_err() {
     for workers in [0, 2] {
-        let mut loader = DataLoader::builder(Faulty).batch_size(4).num_workers(workers).build();
+        let mut loader = DataLoader::builder(Faulty)
+            .batch_size(4)
+            .num_workers(workers)
+            .build();
         let results: Vec<_> = loader.epoch(0).collect();
         assert_eq!(results.len(), 8);
-        assert!(matches!(&results[3], Err(DataError::Item { index: 13, .. })), "{:?}", results[3].as_ref().err());
-        assert!(matches!(&results[5], Err(DataError::WorkerPanicked { index: 21, message }) if message.contains("corrupt")));
-        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 6, "the other batches still arrive");
+        assert!(
+            matches!(&results[3], Err(DataError::Item { index: 13, .. })),
+            "{:?}",
+            results[3].as_ref().err()
+        );
+        assert!(
+            matches!(&results[5], Err(DataError::WorkerPanicked { index: 21, message }) if message.contains("corrupt"))
+        );
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            6,
+            "the other batches still arrive"
+        );
     }
 }
 
@@ -95,27 +138,46 @@ impl ImageSource for Counting {
     }
     fn get(&self, _index: usize) -> Result<ImageItem, DataError> {
         self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(ImageItem { pixels: vec![0.5; 3 * 16 * 16], shape: [3, 16, 16], label: 1 })
+        Ok(ImageItem {
+            pixels: vec![0.5; 3 * 16 * 16],
+            shape: [3, 16, 16],
+            label: 1,
+        })
     }
 }
 
 #[test]
 fn dropping_the_loader_joins_workers_blocked_on_full_queues() {
     let reads = Arc::new(AtomicUsize::new(0));
-    let mut loader = DataLoader::builder(Counting(Arc::clone(&reads))).batch_size(2).num_workers(4).prefetch(1).build();
+    let mut loader = DataLoader::builder(Counting(Arc::clone(&reads)))
+        .batch_size(2)
+        .num_workers(4)
+        .prefetch(1)
+        .build();
     let first = loader.epoch(0).next().unwrap().unwrap();
     assert_eq!(first.indices, vec![0, 1]);
     std::thread::sleep(Duration::from_millis(100)); // let every worker fill its queue and block
     let read_before_drop = reads.load(Ordering::Relaxed);
-    assert!(read_before_drop < 40, "prefetch is bounded: {read_before_drop} samples read");
+    assert!(
+        read_before_drop < 40,
+        "prefetch is bounded: {read_before_drop} samples read"
+    );
     let start = Instant::now();
     drop(loader);
-    assert!(start.elapsed() < Duration::from_secs(2), "drop took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "drop took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
 fn an_abandoned_epoch_does_not_leak_into_the_next() {
-    let mut loader = DataLoader::builder(SyntheticImages::new(40, 2, 1, [1, 2, 2])).batch_size(4).num_workers(2).shuffle(3).build();
+    let mut loader = DataLoader::builder(SyntheticImages::new(40, 2, 1, [1, 2, 2]))
+        .batch_size(4)
+        .num_workers(2)
+        .shuffle(3)
+        .build();
     let _ = loader.epoch(0).next();
     let second: Vec<Vec<usize>> = loader.epoch(1).map(|b| b.unwrap().indices).collect();
     assert_eq!(second, loader.batch_indices(1));

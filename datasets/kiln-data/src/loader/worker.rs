@@ -33,14 +33,23 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// Starts worker `id` with a queue of `prefetch` finished batches.
-    pub fn spawn(id: usize, recipe: Arc<BatchRecipe>, prefetch: usize, current: Arc<AtomicU64>) -> Self {
+    pub fn spawn(
+        id: usize,
+        recipe: Arc<BatchRecipe>,
+        prefetch: usize,
+        current: Arc<AtomicU64>,
+    ) -> Self {
         let (plan_tx, plan_rx) = crossbeam_channel::unbounded::<Plan>();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<Delivery>(prefetch);
         let handle = std::thread::Builder::new()
             .name(format!("kiln-loader-{id}"))
             .spawn(move || run(&recipe, &plan_rx, &done_tx, &current))
             .expect("failed to spawn a loader worker thread");
-        Self { plans: Some(plan_tx), deliveries: done_rx, handle: Some(handle) }
+        Self {
+            plans: Some(plan_tx),
+            deliveries: done_rx,
+            handle: Some(handle),
+        }
     }
 }
 
@@ -53,7 +62,14 @@ fn run(recipe: &BatchRecipe, plans: &Receiver<Plan>, done: &Sender<Delivery>, cu
                 break; // the epoch was abandoned: skip the rest of its work
             }
             let result = recipe.build(plan.epoch, indices);
-            if done.send(Delivery { generation: plan.generation, batch, result }).is_err() {
+            if done
+                .send(Delivery {
+                    generation: plan.generation,
+                    batch,
+                    result,
+                })
+                .is_err()
+            {
                 return;
             }
         }

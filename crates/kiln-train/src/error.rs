@@ -1,0 +1,23 @@
+//! Training errors.
+
+/// Why training stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The builder was given an inconsistent configuration.
+    #[error("invalid trainer configuration: {0}")]
+    Config(String),
+    /// A batch could not be loaded.
+    #[error("data: {0}")]
+    Data(#[from] kiln_data::DataError),
+    /// The loss became NaN or infinite.
+    #[error("the loss is not finite at step {step} ({loss})")]
+    NonFiniteLoss {
+        /// The global step.
+        step: usize,
+        /// The loss value.
+        loss: f32,
+    },
+    /// The gradient step failed (e.g. a collective failed in data-parallel training).
+    #[error("gradient step: {0}")]
+    Step(String),
+}

@@ -1,0 +1,84 @@
+//! What the trainer records.
+
+use std::time::Duration;
+
+/// One training step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// 0-based global step.
+    pub step: usize,
+    /// Mean training loss of the batch.
+    pub loss: f32,
+    /// Fraction of the batch classified correctly.
+    pub accuracy: f32,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Images processed per second in this step (this replica).
+    pub images_per_sec: f64,
+}
+
+/// One epoch's summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochSummary {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's batches.
+    pub train_loss: f32,
+    /// Training accuracy over the epoch.
+    pub train_accuracy: f32,
+    /// Validation loss, when a validation loader is set.
+    pub valid_loss: Option<f32>,
+    /// Validation accuracy, when a validation loader is set.
+    pub valid_accuracy: Option<f32>,
+    /// Training images per second over the epoch.
+    pub images_per_sec: f64,
+    /// Wall time of the epoch's training steps.
+    pub elapsed: Duration,
+    /// Time the loop waited for training batches.
+    pub data_wait: Duration,
+}
+
+impl std::fmt::Display for EpochSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "epoch {:>3}: loss {:.4}  acc {:>5.1}%",
+            self.epoch + 1,
+            self.train_loss,
+            100.0 * self.train_accuracy
+        )?;
+        if let (Some(loss), Some(acc)) = (self.valid_loss, self.valid_accuracy) {
+            write!(f, "  | val loss {loss:.4}  val acc {:>5.1}%", 100.0 * acc)?;
+        }
+        write!(
+            f,
+            "  | {:.0} img/s  {:.1}s  data wait {:.1}%",
+            self.images_per_sec,
+            self.elapsed.as_secs_f64(),
+            100.0 * self.data_wait.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+        )
+    }
+}
+
+/// Everything a run recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainReport {
+    /// Every step, in order.
+    pub steps: Vec<StepRecord>,
+    /// Every epoch, in order.
+    pub epochs: Vec<EpochSummary>,
+}
+
+impl TrainReport {
+    /// The loss of every step, in order.
+    pub fn losses(&self) -> Vec<f32> {
+        self.steps.iter().map(|s| s.loss).collect()
+    }
+
+    /// The last epoch's validation accuracy, if measured.
+    pub fn final_valid_accuracy(&self) -> Option<f32> {
+        self.epochs.last().and_then(|e| e.valid_accuracy)
+    }
+}

@@ -1,0 +1,76 @@
+//! The trainer is deterministic and actually learns.
+
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln_core::with_seed;
+use kiln_data::{DataLoader, SyntheticImages};
+use kiln_resnet::{ResNetConfig, StemKind};
+
+use crate::{LrSchedule, TrainError, TrainReport, Trainer};
+
+fn run(workers: usize, steps: usize) -> TrainReport {
+    let device = Device::flex().autodiff();
+    let model = with_seed(&device, 5, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(4)
+            .init(&device)
+    });
+    let data = SyntheticImages::new(256, 4, 2, [3, 8, 8]);
+    let valid = data.split(64, 9);
+    let optimizer = SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .init();
+    let trainer = Trainer::builder(model, optimizer)
+        .schedule(LrSchedule::constant(0.05).warmup(3).cosine(steps, 0.0))
+        .train_loader(
+            DataLoader::builder(data)
+                .batch_size(32)
+                .num_workers(workers)
+                .shuffle(1)
+                .device(device.clone())
+                .build(),
+        )
+        .valid_loader(DataLoader::builder(valid).batch_size(64).build())
+        .max_steps(steps)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap();
+    trainer.fit().unwrap().1
+}
+
+#[test]
+fn two_runs_with_one_seed_give_identical_losses_and_learn() {
+    let first = run(0, 24);
+    let second = run(2, 24);
+    assert_eq!(
+        first.losses(),
+        second.losses(),
+        "same seed, same losses, whatever the worker count"
+    );
+    assert_eq!(first.steps.len(), 24);
+    assert_eq!(first.epochs.len(), 3, "24 steps of 8 per epoch");
+    let early: f32 = first.losses()[..4].iter().sum::<f32>() / 4.0;
+    let late: f32 = first.losses()[20..].iter().sum::<f32>() / 4.0;
+    assert!(late < 0.7 * early, "loss should fall: {early} -> {late}");
+    assert!(
+        first.final_valid_accuracy().unwrap() > 0.5,
+        "{:?}",
+        first.epochs.last()
+    );
+}
+
+#[test]
+fn a_loader_on_a_plain_device_is_rejected_with_a_clear_error() {
+    let device = Device::flex();
+    let model = ResNetConfig::resnet18(2)
+        .with_stem(StemKind::Cifar)
+        .with_base_width(2)
+        .init(&device);
+    let result = Trainer::builder(model, SgdConfig::new().init())
+        .train_loader(DataLoader::builder(SyntheticImages::new(8, 2, 1, [3, 4, 4])).build())
+        .build();
+    assert!(matches!(result, Err(TrainError::Config(msg)) if msg.contains("autodiff")));
+}

@@ -1,0 +1,263 @@
+//! The training loop.
+
+use std::time::Instant;
+
+use burn::optim::ModuleOptimizer;
+use kiln_core::ImageClassifier;
+use kiln_data::DataLoader;
+
+use crate::evaluate::evaluate;
+use crate::metrics::{EpochSummary, StepRecord, TrainReport};
+use crate::progress::epoch_bar;
+use crate::{GradientStep, LocalStep, LrSchedule, TrainError};
+
+/// How long to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    Epochs(usize),
+    Steps(usize),
+}
+
+/// Configures a [`Trainer`]; see the crate docs for an example.
+pub struct TrainerBuilder<M, S = LocalStep> {
+    model: M,
+    optimizer: ModuleOptimizer,
+    step: S,
+    schedule: LrSchedule,
+    budget: Budget,
+    train: Option<DataLoader>,
+    valid: Option<DataLoader>,
+    progress: bool,
+    log_epochs: bool,
+}
+
+impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
+    pub(crate) fn new(model: M, optimizer: ModuleOptimizer) -> Self {
+        Self {
+            model,
+            optimizer,
+            step: LocalStep,
+            schedule: LrSchedule::constant(0.01),
+            budget: Budget::Epochs(1),
+            train: None,
+            valid: None,
+            progress: true,
+            log_epochs: true,
+        }
+    }
+}
+
+impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
+    /// How gradients are produced (default: [`LocalStep`], one device).
+    pub fn gradient_step<T: GradientStep<M>>(self, step: T) -> TrainerBuilder<M, T> {
+        TrainerBuilder {
+            model: self.model,
+            optimizer: self.optimizer,
+            step,
+            schedule: self.schedule,
+            budget: self.budget,
+            train: self.train,
+            valid: self.valid,
+            progress: self.progress,
+            log_epochs: self.log_epochs,
+        }
+    }
+
+    /// The learning-rate schedule (default: constant 0.01).
+    pub fn schedule(mut self, schedule: LrSchedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// Trains for `epochs` full epochs (the default is one).
+    pub fn epochs(mut self, epochs: usize) -> Self {
+        self.budget = Budget::Epochs(epochs);
+        self
+    }
+
+    /// Trains for exactly `steps` steps, across as many epochs as that takes.
+    pub fn max_steps(mut self, steps: usize) -> Self {
+        self.budget = Budget::Steps(steps);
+        self
+    }
+
+    /// The training data; its device must be the model's autodiff device.
+    pub fn train_loader(mut self, loader: DataLoader) -> Self {
+        self.train = Some(loader);
+        self
+    }
+
+    /// Validation data, evaluated after every epoch on the model's inference device.
+    pub fn valid_loader(mut self, loader: DataLoader) -> Self {
+        self.valid = Some(loader);
+        self
+    }
+
+    /// Shows the live progress bar (default: on).
+    pub fn progress(mut self, progress: bool) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// Prints a summary line per epoch and at the end (default: on).
+    pub fn log_epochs(mut self, log: bool) -> Self {
+        self.log_epochs = log;
+        self
+    }
+
+    /// Checks the configuration.
+    pub fn build(self) -> Result<Trainer<M, S>, TrainError> {
+        let train = self
+            .train
+            .ok_or_else(|| TrainError::Config("a training loader is required".into()))?;
+        if !train.device().is_autodiff() {
+            return Err(TrainError::Config("the training loader must build batches on an autodiff device (`Device::autodiff()`)".into()));
+        }
+        if train.num_batches() == 0 {
+            return Err(TrainError::Config(
+                "the training loader yields no batches".into(),
+            ));
+        }
+        if let Some(valid) = &self.valid
+            && valid.device().is_autodiff()
+        {
+            return Err(TrainError::Config("the validation loader must build batches on an inference device (without autodiff)".into()));
+        }
+        Ok(Trainer {
+            model: self.model,
+            optimizer: self.optimizer,
+            step: self.step,
+            schedule: self.schedule,
+            budget: self.budget,
+            train,
+            valid: self.valid,
+            progress: self.progress,
+            log_epochs: self.log_epochs,
+        })
+    }
+}
+
+/// Trains one model replica; see [`Trainer::builder`].
+pub struct Trainer<M, S = LocalStep> {
+    model: M,
+    optimizer: ModuleOptimizer,
+    step: S,
+    schedule: LrSchedule,
+    budget: Budget,
+    train: DataLoader,
+    valid: Option<DataLoader>,
+    progress: bool,
+    log_epochs: bool,
+}
+
+impl<M: ImageClassifier> Trainer<M, LocalStep> {
+    /// Starts configuring training of `model` with `optimizer` (e.g. `SgdConfig::new().init()`).
+    pub fn builder(model: M, optimizer: ModuleOptimizer) -> TrainerBuilder<M, LocalStep> {
+        TrainerBuilder::new(model, optimizer)
+    }
+}
+
+impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
+    /// Runs training and returns the trained model and what was recorded.
+    pub fn fit(mut self) -> Result<(M, TrainReport), TrainError> {
+        let per_epoch = self.train.num_batches();
+        let (epochs, total_steps) = match self.budget {
+            Budget::Epochs(epochs) => (epochs, epochs * per_epoch),
+            Budget::Steps(steps) => (steps.div_ceil(per_epoch), steps),
+        };
+        let mut report = TrainReport::default();
+        let mut model = self.model;
+        let mut global_step = 0;
+        for epoch in 0..epochs {
+            let steps_this_epoch = per_epoch.min(total_steps - global_step);
+            let bar = epoch_bar(self.progress, epoch, steps_this_epoch);
+            let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
+            let wait_before = self.train.time_waited();
+            let started = Instant::now();
+            let mut batches = self.train.epoch(epoch as u64);
+            for _ in 0..steps_this_epoch {
+                let step_start = Instant::now();
+                let batch = match batches.next() {
+                    Some(batch) => batch?,
+                    None => break,
+                };
+                let lr = self.schedule.lr(global_step);
+                let out = self.step.gradients(&model, batch, global_step)?;
+                if !out.loss.is_finite() {
+                    return Err(TrainError::NonFiniteLoss {
+                        step: global_step,
+                        loss: out.loss,
+                    });
+                }
+                model = self.optimizer.step(lr, model, out.grads);
+                let accuracy = out.correct as f32 / out.samples.max(1) as f32;
+                let images_per_sec =
+                    out.samples as f64 / step_start.elapsed().as_secs_f64().max(1e-9);
+                report.steps.push(StepRecord {
+                    epoch,
+                    step: global_step,
+                    loss: out.loss,
+                    accuracy,
+                    lr,
+                    images_per_sec,
+                });
+                loss_sum += f64::from(out.loss);
+                correct += out.correct;
+                samples += out.samples;
+                global_step += 1;
+                bar.inc(1);
+                bar.set_message(format!(
+                    "loss {:.4} acc {:5.1}% {:.0} img/s lr {lr:.4}",
+                    out.loss,
+                    100.0 * accuracy,
+                    images_per_sec
+                ));
+            }
+            drop(batches);
+            let elapsed = started.elapsed();
+            bar.finish_and_clear();
+            let steps_done = report
+                .steps
+                .iter()
+                .filter(|s| s.epoch == epoch)
+                .count()
+                .max(1);
+            let mut summary = EpochSummary {
+                epoch,
+                train_loss: (loss_sum / steps_done as f64) as f32,
+                train_accuracy: correct as f32 / samples.max(1) as f32,
+                valid_loss: None,
+                valid_accuracy: None,
+                images_per_sec: samples as f64 / elapsed.as_secs_f64().max(1e-9),
+                elapsed,
+                data_wait: self.train.time_waited() - wait_before,
+            };
+            if let Some(valid) = &mut self.valid {
+                let evaluation = evaluate(&model.valid(), valid)?;
+                summary.valid_loss = Some(evaluation.loss);
+                summary.valid_accuracy = Some(evaluation.accuracy);
+            }
+            if self.log_epochs {
+                println!("{summary}");
+            }
+            report.epochs.push(summary);
+        }
+        if self.log_epochs {
+            let images: usize = report
+                .epochs
+                .iter()
+                .map(|e| (e.images_per_sec * e.elapsed.as_secs_f64()) as usize)
+                .sum();
+            let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
+            let val = report
+                .final_valid_accuracy()
+                .map(|a| format!(", final val acc {:.1}%", 100.0 * a))
+                .unwrap_or_default();
+            println!(
+                "done: {global_step} steps, {images} images in {secs:.1}s ({:.0} img/s){val}",
+                images as f64 / secs.max(1e-9)
+            );
+        }
+        Ok((model, report))
+    }
+}
