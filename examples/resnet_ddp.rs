@@ -11,7 +11,7 @@ use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
-use kiln::core::{DeviceSpec, with_seed};
+use kiln::core::{DeviceSpec, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
 use kiln::resnet::{ResNetConfig, StemKind};
 use kiln::train::{LrSchedule, Trainer};
@@ -113,7 +113,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let config =
         ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
-    let model = with_seed(&train_device, args.seed, || {
+    let model = init_module(&train_device, args.seed, || {
         config
             .with_stem(StemKind::Cifar)
             .with_base_width(args.width)

@@ -93,4 +93,24 @@ impl Communicator {
     pub fn abort(&self, reason: impl Into<String>) {
         dispatch!(self, c => c.abort(reason))
     }
+
+    pub(crate) fn abort_target(&self) -> AbortTarget {
+        match self {
+            Communicator::InProcess(c) => AbortTarget::InProcess(c.shared()),
+        }
+    }
+}
+
+/// What an [`AbortHandle`](crate::AbortHandle) poisons.
+#[derive(Debug, Clone)]
+pub(crate) enum AbortTarget {
+    InProcess(std::sync::Arc<crate::in_process::Shared>),
+}
+
+impl AbortTarget {
+    pub(crate) fn abort(&self, rank: usize, reason: String) {
+        match self {
+            AbortTarget::InProcess(shared) => shared.rendezvous.poison(rank, reason),
+        }
+    }
 }

@@ -11,6 +11,9 @@
 //!   shared memory: each rank reduces 1/N of the buffer (reduce-scatter), then every rank
 //!   copies the reduced chunks back (all-gather).
 //!
+//! [`CommWorker`] runs a rank's operations on a communication thread and hands back
+//! [`Pending`] results, so communication overlaps computation.
+//!
 //! **No hangs.** Every blocking call has a timeout ([`InProcessGroup::timeout`], default
 //! [`DEFAULT_TIMEOUT`]) and fails with a [`CommError`]. A rank that times out, panics or drops
 //! its communicator poisons the group: every other rank's pending and next operation fails
@@ -41,12 +44,14 @@ mod element;
 mod error;
 mod in_process;
 mod op;
+mod worker;
 
 pub use communicator::Communicator;
 pub use element::CommElement;
 pub use error::CommError;
 pub use in_process::{InProcessCommunicator, InProcessGroup};
 pub use op::ReduceOp;
+pub use worker::{AbortHandle, CommWorker, Pending, Timed};
 
 /// The timeout of every blocking operation unless configured otherwise.
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);

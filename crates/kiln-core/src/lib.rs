@@ -4,18 +4,24 @@
 //!   stages and backward/communication overlap all build on.
 //! - [`classifier`]: [`ImageClassifier`], what the trainer needs of a model.
 //! - [`device_spec`]: parse device names such as `cpu:1` or `cuda:0` into Burn devices.
-//! - [`seed`]: deterministic, race-free seeding of Burn's process-wide random generator.
+//! - [`flat`]: gradients and parameters in and out of flat buffers, for collectives.
+//! - [`seed`]: deterministic, race-free seeding and initialisation ([`init_module`]).
 //! - [`params`]: small helpers to enumerate a module's parameters.
 #![warn(missing_docs)]
 
 pub mod classifier;
 pub mod device_spec;
+pub mod flat;
 pub mod params;
 pub mod seed;
 pub mod segment;
 
 pub use classifier::ImageClassifier;
 pub use device_spec::{DeviceSpec, DeviceSpecError};
-pub use params::{ParamInfo, param_infos};
-pub use seed::with_seed;
+pub use flat::{
+    FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, grads_from_flat, read_params,
+    write_params,
+};
+pub use params::{ParamInfo, param_infos, segment_param_infos};
+pub use seed::{init_module, with_seed};
 pub use segment::{Activation, SegmentId, Segmented, forward_segments};

@@ -58,3 +58,13 @@ impl ModuleVisitor for InfoCollector {
         });
     }
 }
+
+/// Lists the float parameters and buffers of one segment of `model`, in visit order.
+pub fn segment_param_infos<M: crate::Segmented>(
+    model: &M,
+    segment: crate::SegmentId,
+) -> Vec<ParamInfo> {
+    let mut collector = InfoCollector::default();
+    model.visit_segment(segment, &mut collector);
+    collector.infos
+}

@@ -4,8 +4,13 @@
 //! and then draw (say, two tests initialising models) interleave and lose determinism.
 //! [`with_seed`] holds a process-wide lock across "seed, then draw", which makes model
 //! initialisation reproducible as long as every seeded draw goes through it.
+//!
+//! Burn initialises parameters lazily, on first use: a model built inside `with_seed` but
+//! first used outside it would draw its weights later, from whatever state the generator is
+//! in then. [`init_module`] therefore materialises every parameter before releasing the lock.
 
-use burn::tensor::Device;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::{Device, Tensor};
 use std::sync::Mutex;
 
 static SEED_LOCK: Mutex<()> = Mutex::new(());
@@ -27,4 +32,29 @@ pub fn with_seed<T>(device: &Device, seed: u64, init: impl FnOnce() -> T) -> T {
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     device.seed(seed);
     init()
+}
+
+/// Builds a module with `init` from `seed`, materialising every lazily initialised
+/// parameter before returning, so the weights depend on `seed` alone.
+///
+/// ```
+/// use burn::nn::LinearConfig;
+/// use burn::tensor::Device;
+/// let device = Device::flex();
+/// let a = kiln_core::init_module(&device, 3, || LinearConfig::new(4, 2).init(&device));
+/// let b = kiln_core::init_module(&device, 3, || LinearConfig::new(4, 2).init(&device));
+/// assert_eq!(a.weight.val().into_data(), b.weight.val().into_data());
+/// ```
+pub fn init_module<M: Module>(device: &Device, seed: u64, init: impl FnOnce() -> M) -> M {
+    struct Materialize;
+    impl ModuleVisitor for Materialize {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let _ = param.val();
+        }
+    }
+    with_seed(device, seed, || {
+        let module = init();
+        module.visit(&mut Materialize);
+        module
+    })
 }

@@ -17,7 +17,10 @@ pub enum TrainError {
         /// The loss value.
         loss: f32,
     },
-    /// The gradient step failed (e.g. a collective failed in data-parallel training).
-    #[error("gradient step: {0}")]
-    Step(String),
+    /// A collective failed (data-parallel training): a peer was lost or timed out.
+    #[error("communication: {0}")]
+    Comm(#[from] kiln_comm::CommError),
+    /// Replicas that must hold identical parameters do not.
+    #[error("replicas diverged: {0}")]
+    Diverged(String),
 }

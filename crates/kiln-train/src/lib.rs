@@ -30,6 +30,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod accumulate;
 mod error;
 mod evaluate;
 mod metrics;
@@ -38,11 +39,14 @@ mod schedule;
 mod step;
 mod trainer;
 
+pub use accumulate::Accumulator;
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
 pub use schedule::{Decay, LrSchedule};
-pub use step::{GradientStep, LocalStep, StepOutput, classification_loss};
+pub use step::{
+    GradientStep, LocalStep, StepOutput, classification_loss, count_correct, forward_backward,
+};
 pub use trainer::{Trainer, TrainerBuilder};
 
 #[cfg(test)]

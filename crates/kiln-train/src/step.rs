@@ -2,11 +2,11 @@
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Gradients, Int, Tensor};
 use kiln_core::ImageClassifier;
 use kiln_data::ImageBatch;
 
-use crate::TrainError;
+use crate::{Accumulator, TrainError};
 
 /// What one gradient step produced.
 #[derive(Debug)]
@@ -21,19 +21,30 @@ pub struct StepOutput {
     pub samples: usize,
 }
 
-/// How a training step turns a batch into gradients.
+/// How a training step turns batches into gradients, plus hooks around the update.
 ///
 /// [`LocalStep`] is plain forward and backward on one device. The data-parallel runtime
-/// provides a step that also synchronises gradients with the other replicas; the trainer's
-/// loop is the same for both.
+/// provides a step that also synchronises gradients (or parameters) with the other replicas;
+/// the trainer's loop is the same for both.
 pub trait GradientStep<M: ImageClassifier> {
-    /// Computes the gradients of `model` on `batch` at global step `step`.
+    /// Computes the gradients of `model` over the micro-batches `batches` (one or more, for
+    /// gradient accumulation) at global step `step`: the mean over all their samples.
     fn gradients(
         &mut self,
         model: &M,
-        batch: ImageBatch,
+        batches: Vec<ImageBatch>,
         step: usize,
     ) -> Result<StepOutput, TrainError>;
+
+    /// Runs after the optimizer has updated `model` at `step` (e.g. parameter averaging).
+    fn after_update(&mut self, model: M, _step: usize) -> Result<M, TrainError> {
+        Ok(model)
+    }
+
+    /// Runs before validation and at the end of every epoch (e.g. batch-norm statistics sync).
+    fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
+        Ok(model)
+    }
 }
 
 /// Forward and backward on one device.
@@ -47,29 +58,52 @@ pub fn classification_loss(logits: Tensor<2>, labels: Tensor<1, Int>) -> Tensor<
         .forward(logits, labels)
 }
 
-/// Correct predictions among `logits` for `labels`.
-pub(crate) fn count_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> usize {
+/// Number of correct predictions among `logits` for `labels`.
+pub fn count_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> usize {
     let [batch, _] = logits.dims();
     let predicted = logits.argmax(1).reshape([batch]);
     predicted.equal(labels).int().sum().into_scalar::<i64>() as usize
+}
+
+/// Forward and backward of one batch: the raw autodiff gradients, the loss and the number
+/// of correct predictions.
+pub fn forward_backward<M: ImageClassifier>(
+    model: &M,
+    batch: ImageBatch,
+) -> (Gradients, f32, usize) {
+    let logits = model.forward_logits(batch.images);
+    let loss = classification_loss(logits.clone(), batch.labels.clone());
+    let grads = loss.backward();
+    (
+        grads,
+        loss.into_scalar::<f32>(),
+        count_correct(logits.detach(), batch.labels),
+    )
 }
 
 impl<M: ImageClassifier> GradientStep<M> for LocalStep {
     fn gradients(
         &mut self,
         model: &M,
-        batch: ImageBatch,
+        mut batches: Vec<ImageBatch>,
         _step: usize,
     ) -> Result<StepOutput, TrainError> {
-        let samples = batch.indices.len();
-        let logits = model.forward_logits(batch.images);
-        let loss = classification_loss(logits.clone(), batch.labels.clone());
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        Ok(StepOutput {
-            grads,
-            loss: loss.into_scalar::<f32>(),
-            correct: count_correct(logits.detach(), batch.labels),
-            samples,
-        })
+        if batches.len() == 1 {
+            let batch = batches.pop().expect("one batch");
+            let samples = batch.indices.len();
+            let (grads, loss, correct) = forward_backward(model, batch);
+            let grads = GradientsParams::from_grads(grads, model);
+            return Ok(StepOutput {
+                grads,
+                loss,
+                correct,
+                samples,
+            });
+        }
+        let mut accumulator = Accumulator::new(model);
+        for batch in batches {
+            accumulator.add(model, batch);
+        }
+        Ok(accumulator.finish(model))
     }
 }

@@ -3,7 +3,7 @@
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln_core::with_seed;
+use kiln_core::init_module;
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNetConfig, StemKind};
 
@@ -11,7 +11,7 @@ use crate::{LrSchedule, TrainError, TrainReport, Trainer};
 
 fn run(workers: usize, steps: usize) -> TrainReport {
     let device = Device::flex().autodiff();
-    let model = with_seed(&device, 5, || {
+    let model = init_module(&device, 5, || {
         ResNetConfig::resnet18(4)
             .with_stem(StemKind::Cifar)
             .with_base_width(4)

@@ -25,6 +25,7 @@ pub struct TrainerBuilder<M, S = LocalStep> {
     step: S,
     schedule: LrSchedule,
     budget: Budget,
+    accumulation: usize,
     train: Option<DataLoader>,
     valid: Option<DataLoader>,
     progress: bool,
@@ -39,6 +40,7 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
             step: LocalStep,
             schedule: LrSchedule::constant(0.01),
             budget: Budget::Epochs(1),
+            accumulation: 1,
             train: None,
             valid: None,
             progress: true,
@@ -56,6 +58,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             step,
             schedule: self.schedule,
             budget: self.budget,
+            accumulation: self.accumulation,
             train: self.train,
             valid: self.valid,
             progress: self.progress,
@@ -78,6 +81,13 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
     /// Trains for exactly `steps` steps, across as many epochs as that takes.
     pub fn max_steps(mut self, steps: usize) -> Self {
         self.budget = Budget::Steps(steps);
+        self
+    }
+
+    /// Accumulates gradients over `micro_batches` loader batches per optimizer step
+    /// (default 1). Data-parallel steps synchronise once per optimizer step.
+    pub fn accumulation_steps(mut self, micro_batches: usize) -> Self {
+        self.accumulation = micro_batches.max(1);
         self
     }
 
@@ -113,10 +123,12 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
         if !train.device().is_autodiff() {
             return Err(TrainError::Config("the training loader must build batches on an autodiff device (`Device::autodiff()`)".into()));
         }
-        if train.num_batches() == 0 {
-            return Err(TrainError::Config(
-                "the training loader yields no batches".into(),
-            ));
+        if train.num_batches() < self.accumulation.max(1) {
+            return Err(TrainError::Config(format!(
+                "the training loader yields {} batches per epoch, fewer than one step's {} micro-batches",
+                train.num_batches(),
+                self.accumulation
+            )));
         }
         if let Some(valid) = &self.valid
             && valid.device().is_autodiff()
@@ -129,6 +141,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             step: self.step,
             schedule: self.schedule,
             budget: self.budget,
+            accumulation: self.accumulation,
             train,
             valid: self.valid,
             progress: self.progress,
@@ -144,6 +157,7 @@ pub struct Trainer<M, S = LocalStep> {
     step: S,
     schedule: LrSchedule,
     budget: Budget,
+    accumulation: usize,
     train: DataLoader,
     valid: Option<DataLoader>,
     progress: bool,
@@ -160,7 +174,7 @@ impl<M: ImageClassifier> Trainer<M, LocalStep> {
 impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
     /// Runs training and returns the trained model and what was recorded.
     pub fn fit(mut self) -> Result<(M, TrainReport), TrainError> {
-        let per_epoch = self.train.num_batches();
+        let per_epoch = self.train.num_batches() / self.accumulation;
         let (epochs, total_steps) = match self.budget {
             Budget::Epochs(epochs) => (epochs, epochs * per_epoch),
             Budget::Steps(steps) => (steps.div_ceil(per_epoch), steps),
@@ -177,12 +191,15 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
             let mut batches = self.train.epoch(epoch as u64);
             for _ in 0..steps_this_epoch {
                 let step_start = Instant::now();
-                let batch = match batches.next() {
-                    Some(batch) => batch?,
-                    None => break,
-                };
+                let micro = batches
+                    .by_ref()
+                    .take(self.accumulation)
+                    .collect::<Result<Vec<_>, _>>()?;
+                if micro.len() < self.accumulation {
+                    break;
+                }
                 let lr = self.schedule.lr(global_step);
-                let out = self.step.gradients(&model, batch, global_step)?;
+                let out = self.step.gradients(&model, micro, global_step)?;
                 if !out.loss.is_finite() {
                     return Err(TrainError::NonFiniteLoss {
                         step: global_step,
@@ -190,6 +207,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                     });
                 }
                 model = self.optimizer.step(lr, model, out.grads);
+                model = self.step.after_update(model, global_step)?;
                 let accuracy = out.correct as f32 / out.samples.max(1) as f32;
                 let images_per_sec =
                     out.samples as f64 / step_start.elapsed().as_secs_f64().max(1e-9);
@@ -232,6 +250,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 elapsed,
                 data_wait: self.train.time_waited() - wait_before,
             };
+            model = self.step.before_eval(model)?;
             if let Some(valid) = &mut self.valid {
                 let evaluation = evaluate(&model.valid(), valid)?;
                 summary.valid_loss = Some(evaluation.loss);

@@ -2,7 +2,9 @@
 
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Distribution, Tensor};
-use kiln_core::{Activation, SegmentId, Segmented, forward_segments, param_infos, with_seed};
+use kiln_core::{
+    Activation, SegmentId, Segmented, forward_segments, init_module, param_infos, with_seed,
+};
 
 use crate::{ResNet, ResNetConfig, StemKind};
 
@@ -40,7 +42,7 @@ fn deeper_configs_build_with_the_expected_block_counts() {
 }
 
 fn small(stem: StemKind, depth: usize, device: &Device) -> ResNet {
-    with_seed(device, 3, || {
+    init_module(device, 3, || {
         ResNetConfig::from_depth(depth, 5)
             .unwrap()
             .with_stem(stem)

@@ -346,6 +346,10 @@ impl InProcessCommunicator {
         }
     }
 
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
+
     /// Fails every later operation of the group with `reason` (for a rank that hit an error
     /// outside communication and is about to stop).
     pub fn abort(&self, reason: impl Into<String>) {

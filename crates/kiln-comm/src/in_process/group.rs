@@ -15,7 +15,7 @@ pub(crate) type Slot = Vec<Mutex<Vec<f32>>>;
 
 /// What the ranks of one group share.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub struct Shared {
     pub world_size: usize,
     pub timeout: Duration,
     pub rendezvous: Rendezvous,

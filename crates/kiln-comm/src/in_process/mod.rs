@@ -6,6 +6,7 @@ mod rendezvous;
 
 pub use collectives::InProcessCommunicator;
 pub use group::InProcessGroup;
+pub(crate) use group::Shared;
 
 #[cfg(test)]
 mod tests;

@@ -3,11 +3,17 @@
 use rand::RngExt;
 
 use crate::rng::{derived_rng, mix};
+
+/// Blocks in which a class's template differs from the shared base.
+const CLASS_BLOCKS: usize = 4;
+/// Default noise amplitude.
+const DEFAULT_NOISE: f32 = 2.0;
 use crate::{DataError, ImageItem, ImageSource};
 
 /// Images whose class decides a coarse pattern, plus per-sample noise and brightness.
 ///
-/// Each class has a template of 4×4 blocks per channel; a sample is its class's template
+/// Each class has a template of 4×4 blocks per channel that differs from a shared base in a
+/// few blocks; a sample is its class's template
 /// with uniform noise of amplitude `noise` and a random brightness shift. A small CNN learns
 /// it to well above chance within a few hundred steps, which makes it a real (if easy)
 /// training task for examples and benchmarks without any download. Samples are generated on
@@ -31,12 +37,20 @@ impl SyntheticImages {
         assert!(num_classes > 0, "num_classes must be positive");
         assert!(shape.iter().all(|&d| d > 0), "shape must not be empty");
         let [c, h, w] = shape;
+        // Every class shares one base pattern and differs from it in a few blocks, so telling
+        // classes apart means finding those blocks under the noise.
+        let mut base_rng = derived_rng(seed, 0x7E3F, u64::MAX);
+        let base: Vec<f32> = (0..c * 16)
+            .map(|_| if base_rng.random_bool(0.5) { 0.7 } else { 0.3 })
+            .collect();
         let templates = (0..num_classes)
             .map(|class| {
                 let mut rng = derived_rng(seed, 0x7E3F, class as u64);
-                let blocks: Vec<f32> = (0..c * 16)
-                    .map(|_| if rng.random_bool(0.5) { 0.75 } else { 0.25 })
-                    .collect();
+                let mut blocks = base.clone();
+                for _ in 0..CLASS_BLOCKS {
+                    let block = rng.random_range(0..blocks.len());
+                    blocks[block] = 1.0 - blocks[block];
+                }
                 let mut pixels = vec![0.0; c * h * w];
                 for ch in 0..c {
                     for y in 0..h {
@@ -54,7 +68,7 @@ impl SyntheticImages {
             num_classes,
             seed,
             shape,
-            noise: 0.6,
+            noise: DEFAULT_NOISE,
             templates,
         }
     }
@@ -64,7 +78,7 @@ impl SyntheticImages {
         Self::new(len, num_classes, seed, [3, 32, 32])
     }
 
-    /// Sets the noise amplitude (default 0.6; larger is harder).
+    /// Sets the noise amplitude (default 2.0; larger is harder).
     pub fn with_noise(mut self, noise: f32) -> Self {
         self.noise = noise;
         self

@@ -1,0 +1,59 @@
+//! Data-parallel options.
+
+/// The element type gradients travel in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// Full `f32` gradients.
+    #[default]
+    None,
+    /// IEEE half precision (range ±65504; tiny gradients underflow).
+    F16,
+    /// bfloat16 (`f32`'s range, 8 bits of mantissa).
+    Bf16,
+}
+
+/// How replicas keep their parameters in step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// All-reduce gradients every step (synchronous SGD; replicas stay identical).
+    #[default]
+    Gradients,
+    /// Local SGD: replicas step on their own gradients and average parameters every
+    /// `period` steps.
+    LocalSgd {
+        /// Steps between parameter averages.
+        period: usize,
+    },
+    /// No synchronisation at all. For measuring sync overhead only: replicas drift apart.
+    Unsynchronized,
+}
+
+/// Options of data-parallel training.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DdpConfig {
+    /// Upper bound on a gradient bucket's size in bytes (default 25 MiB, like PyTorch).
+    pub bucket_cap_bytes: usize,
+    /// Cap of the first bucket, which closes early so communication starts sooner (1 MiB).
+    pub first_bucket_bytes: usize,
+    /// Element type on the wire.
+    pub compression: Compression,
+    /// Gradient all-reduce, local SGD, or nothing.
+    pub mode: SyncMode,
+    /// Compare parameter checksums across replicas every this many steps (0 = never).
+    pub divergence_check_every: usize,
+    /// Timeout of every collective.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for DdpConfig {
+    fn default() -> Self {
+        Self {
+            bucket_cap_bytes: 25 << 20,
+            first_bucket_bytes: 1 << 20,
+            compression: Compression::None,
+            mode: SyncMode::Gradients,
+            divergence_check_every: 0,
+            timeout: kiln_comm::DEFAULT_TIMEOUT,
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Data-parallel training for kiln.
+//!
+//! [`DataParallel::run`] starts one replica per device (threads of this process; several
+//! replicas may share a device, which is how CPU runs and tests work) and hands each a
+//! [`Replica`]: its rank, device and communication thread. The replica builds its model,
+//! makes it identical to rank 0's with [`Replica::broadcast_module`], and trains with the
+//! ordinary [`Trainer`](kiln_train::Trainer) using a [`DdpStep`] as its gradient step:
+//!
+//! - **Buckets.** Gradients are packed into buckets (default cap 25 MiB, a 1 MiB first bucket)
+//!   in the order backward produces them, and all-reduced on the communication thread.
+//! - **Overlap.** With [`Replica::overlapped_step`] (models implementing
+//!   [`Segmented`](kiln_core::Segmented)), backward runs segment by segment and each bucket is
+//!   reduced as soon as its segments are done, while earlier segments still differentiate.
+//!   [`SyncStats`] reports how much communication was hidden.
+//! - **Exact large-batch semantics.** Gradients are weighted by each replica's sample count,
+//!   so N replicas (even with uneven batch sizes) update exactly like one replica on the
+//!   union of their batches; gradient accumulation syncs once per optimizer step.
+//! - **Compression** to f16/bf16 on the wire ([`Compression`]), **local SGD**
+//!   ([`SyncMode::LocalSgd`]), batch-norm statistics averaged before every evaluation, and
+//!   a **divergence check** that names the first parameter that differs.
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod pass;
+mod plan;
+mod runtime;
+mod step;
+mod sync;
+
+pub use config::{Compression, DdpConfig, SyncMode};
+pub use error::DdpError;
+pub use plan::BucketPlan;
+pub use runtime::{DataParallel, Replica};
+pub use step::{DdpStep, SyncStats};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,118 @@
+//! Which gradients travel together, and when they are ready.
+
+use std::ops::Range;
+
+use kiln_core::{FlatLayout, ParamInfo};
+
+/// The gradient buffer of one replica, cut into buckets.
+///
+/// Parameters are laid out in the order backward produces their gradients: segments from
+/// last to first, and within a segment parameters in reverse declaration order. Buckets are
+/// contiguous runs of that buffer (a parameter is never split), so a bucket is complete as
+/// soon as the segment holding its last parameter has finished backward.
+#[derive(Debug, Clone)]
+pub struct BucketPlan {
+    layout: FlatLayout,
+    /// End (in the buffer) of each backward group, in backward order.
+    group_ends: Vec<usize>,
+    buckets: Vec<Range<usize>>,
+}
+
+impl BucketPlan {
+    /// Plans buckets over `groups` (each a segment's trainable parameters, in backward
+    /// order), with the first bucket capped at `first_cap` bytes and the others at `cap`.
+    pub fn new(groups: Vec<Vec<ParamInfo>>, first_cap: usize, cap: usize) -> Self {
+        let mut group_ends = Vec::with_capacity(groups.len());
+        let mut ordered = Vec::new();
+        let mut end = 0;
+        for group in groups {
+            for info in group.into_iter().rev() {
+                end += info.numel();
+                ordered.push(info);
+            }
+            group_ends.push(end);
+        }
+        let layout = FlatLayout::new(ordered);
+        let mut buckets = Vec::new();
+        let mut start = 0;
+        for entry in layout.entries() {
+            let stop = entry.offset + entry.info.numel();
+            let limit = if buckets.is_empty() { first_cap } else { cap };
+            if (stop - start) * 4 >= limit.max(4) {
+                buckets.push(start..stop);
+                start = stop;
+            }
+        }
+        if start < layout.len() || buckets.is_empty() {
+            buckets.push(start..layout.len());
+        }
+        Self {
+            layout,
+            group_ends,
+            buckets,
+        }
+    }
+
+    /// Where each parameter's gradient lives.
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+
+    /// The buckets, in the order they become ready.
+    pub fn buckets(&self) -> &[Range<usize>] {
+        &self.buckets
+    }
+
+    /// How many buckets are complete once backward group `group` (0 = the first to run)
+    /// has finished.
+    pub fn ready_after_group(&self, group: usize) -> usize {
+        let filled = self.group_ends[group];
+        self.buckets.iter().take_while(|b| b.end <= filled).count()
+    }
+
+    /// Number of backward groups.
+    pub fn num_groups(&self) -> usize {
+        self.group_ends.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::ParamId;
+
+    fn info(numel: usize) -> ParamInfo {
+        ParamInfo {
+            id: ParamId::new(),
+            path: String::new(),
+            shape: vec![numel],
+            trainable: true,
+        }
+    }
+
+    #[test]
+    fn buckets_are_contiguous_capped_and_ready_with_their_last_group() {
+        // Three groups: sizes (in floats) [10, 10], [300], [5, 5, 5].
+        let groups = vec![
+            vec![info(10), info(10)],
+            vec![info(300)],
+            vec![info(5), info(5), info(5)],
+        ];
+        let plan = BucketPlan::new(groups, 40, 100);
+        assert_eq!(plan.buckets(), &[0..10, 10..320, 320..335]);
+        assert_eq!(plan.ready_after_group(0), 1);
+        assert_eq!(plan.ready_after_group(1), 2);
+        assert_eq!(plan.ready_after_group(2), 3);
+        // Reverse order inside a group: the last declared parameter comes first.
+        let first = &plan.layout().entries()[0];
+        assert_eq!((first.offset, first.info.numel()), (0, 10));
+    }
+
+    #[test]
+    fn a_huge_cap_gives_one_bucket() {
+        let plan = BucketPlan::new(vec![vec![info(3)], vec![info(4)]], 1 << 30, 1 << 30);
+        assert_eq!(plan.buckets(), &[0..7]);
+        assert_eq!(plan.ready_after_group(0), 0);
+        assert_eq!(plan.ready_after_group(1), 1);
+    }
+}

@@ -1,0 +1,238 @@
+//! Running one replica per device.
+
+use std::sync::Arc;
+
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+use kiln_comm::{CommError, CommWorker, InProcessGroup};
+use kiln_core::{ImageClassifier, Segmented};
+use kiln_train::TrainError;
+
+use crate::pass::{full_pass, segment_groups, segmented_pass, whole_model_groups};
+use crate::sync::{Selection, broadcast, check_divergence};
+use crate::{DdpConfig, DdpError, DdpStep};
+
+/// Runs a training closure on one replica per device, in threads of this process.
+///
+/// ```
+/// use burn::optim::SgdConfig;
+/// use burn::tensor::Device;
+/// use kiln_data::{DataLoader, SyntheticImages};
+/// use kiln_ddp::DataParallel;
+/// use kiln_resnet::{ResNetConfig, StemKind};
+/// use kiln_train::Trainer;
+///
+/// let data = SyntheticImages::new(32, 4, 1, [3, 8, 8]);
+/// let reports = DataParallel::new(vec![Device::flex(), Device::flex()])
+///     .run(|replica| {
+///         let device = replica.train_device();
+///         let model = ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device);
+///         let model = replica.broadcast_module(model)?; // identical start
+///         let loader = DataLoader::builder(data.clone())
+///             .batch_size(8)
+///             .shard(replica.rank(), replica.world_size())
+///             .device(device)
+///             .build();
+///         let (_model, report) = Trainer::builder(model, SgdConfig::new().init())
+///             .gradient_step(replica.overlapped_step())
+///             .train_loader(loader)
+///             .max_steps(2)
+///             .progress(false)
+///             .log_epochs(false)
+///             .build()?
+///             .fit()?;
+///         Ok(report)
+///     })
+///     .unwrap();
+/// assert_eq!(reports.len(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct DataParallel {
+    devices: Vec<Device>,
+    config: DdpConfig,
+}
+
+/// What one replica's closure gets: its rank, device and communication.
+#[derive(Debug)]
+pub struct Replica {
+    rank: usize,
+    world_size: usize,
+    device: Device,
+    comm: Arc<CommWorker>,
+    config: DdpConfig,
+}
+
+impl DataParallel {
+    /// One replica per entry of `devices` (the same device may appear several times).
+    pub fn new(devices: Vec<Device>) -> Self {
+        Self {
+            devices,
+            config: DdpConfig::default(),
+        }
+    }
+
+    /// Sets the options.
+    pub fn config(mut self, config: DdpConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Runs `train` on every replica and returns their results in rank order.
+    ///
+    /// If a replica fails or panics, the group is aborted so that the other replicas fail at
+    /// their next collective instead of waiting, and the first replica's own error (not the
+    /// "peer lost" errors it caused) is returned.
+    pub fn run<R, F>(&self, train: F) -> Result<Vec<R>, DdpError>
+    where
+        R: Send,
+        F: Fn(Replica) -> Result<R, TrainError> + Sync,
+    {
+        if self.devices.is_empty() {
+            return Err(DdpError::Config("at least one device is needed".into()));
+        }
+        let comms = InProcessGroup::new(self.devices.len())
+            .timeout(self.config.timeout)
+            .build();
+        let results: Vec<Result<R, DdpError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .zip(&self.devices)
+                .enumerate()
+                .map(|(rank, (comm, device))| {
+                    let comm = Arc::new(CommWorker::spawn(comm));
+                    let abort = comm.abort_handle();
+                    let replica = Replica {
+                        rank,
+                        world_size: self.devices.len(),
+                        device: device.clone(),
+                        comm,
+                        config: self.config.clone(),
+                    };
+                    let train = &train;
+                    let handle = std::thread::Builder::new()
+                        .name(format!("kiln-replica-{rank}"))
+                        .spawn_scoped(scope, move || train(replica))
+                        .expect("failed to spawn a replica thread");
+                    (rank, handle, abort)
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(rank, handle, abort)| {
+                    let result = match handle.join() {
+                        Ok(Ok(value)) => Ok(value),
+                        Ok(Err(source)) => Err(DdpError::Replica { rank, source }),
+                        Err(panic) => Err(DdpError::Panicked {
+                            rank,
+                            message: panic_message(panic.as_ref()),
+                        }),
+                    };
+                    if let Err(err) = &result {
+                        abort.abort(format!("replica {rank} failed: {err}"));
+                    }
+                    result
+                })
+                .collect()
+        });
+        let mut values = Vec::with_capacity(results.len());
+        let mut errors = Vec::new();
+        for result in results {
+            match result {
+                Ok(value) => values.push(value),
+                Err(err) => errors.push(err),
+            }
+        }
+        match errors.iter().position(|e| !is_consequence(e)) {
+            Some(root) => Err(errors.swap_remove(root)),
+            None if !errors.is_empty() => Err(errors.swap_remove(0)),
+            None => Ok(values),
+        }
+    }
+}
+
+/// Whether `err` only reports that another replica was lost.
+fn is_consequence(err: &DdpError) -> bool {
+    matches!(
+        err,
+        DdpError::Replica {
+            source: TrainError::Comm(CommError::PeerLost { .. }),
+            ..
+        }
+    )
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
+impl Replica {
+    /// This replica's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of replicas.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Whether this is rank 0 (the one that logs).
+    pub fn is_primary(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// The replica's device (without autodiff).
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The replica's training device (with autodiff).
+    pub fn train_device(&self) -> Device {
+        self.device.clone().autodiff()
+    }
+
+    /// The replica's communication thread, for custom collectives.
+    pub fn comm(&self) -> &CommWorker {
+        &self.comm
+    }
+
+    /// Replaces the module's parameters and buffers with rank 0's, so that every replica
+    /// starts identical.
+    pub fn broadcast_module<M: Module>(&self, module: M) -> Result<M, TrainError> {
+        Ok(broadcast(&self.comm, module, Selection::All)?)
+    }
+
+    /// Fails with [`TrainError::Diverged`] unless every replica holds bit-identical
+    /// parameters and buffers.
+    pub fn check_divergence<M: Module>(&self, module: &M) -> Result<(), TrainError> {
+        check_divergence(&self.comm, module, Selection::All)
+    }
+
+    /// A step that all-reduces gradients after backward (any model).
+    pub fn gradient_step<M: ImageClassifier>(&self) -> DdpStep<M> {
+        DdpStep::new(
+            Arc::clone(&self.comm),
+            self.config.clone(),
+            full_pass::<M>,
+            whole_model_groups::<M>,
+        )
+    }
+
+    /// A step that runs backward segment by segment and all-reduces each bucket while
+    /// earlier segments are still differentiating.
+    pub fn overlapped_step<M>(&self) -> DdpStep<M>
+    where
+        M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    {
+        DdpStep::new(
+            Arc::clone(&self.comm),
+            self.config.clone(),
+            segmented_pass::<M>,
+            segment_groups::<M>,
+        )
+    }
+}

@@ -1,0 +1,240 @@
+//! The data-parallel gradient step.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use kiln_comm::{CommElement, CommWorker, Pending, ReduceOp};
+use kiln_core::{ImageClassifier, grads_from_flat};
+use kiln_data::ImageBatch;
+use kiln_train::{GradientStep, StepOutput, TrainError};
+
+use crate::pass::{Groups, Pass};
+use crate::plan::BucketPlan;
+use crate::sync::{Selection, average, check_divergence};
+use crate::{Compression, DdpConfig, SyncMode};
+
+/// How much of the gradient communication the step hid behind backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncStats {
+    /// Optimizer steps measured.
+    pub steps: usize,
+    /// Time spent computing forward and backward.
+    pub compute: Duration,
+    /// Time the communication thread spent all-reducing gradients.
+    pub communication: Duration,
+    /// Time the step waited for communication after its backward had finished.
+    pub exposed: Duration,
+    /// Buckets all-reduced.
+    pub buckets: usize,
+    /// Bytes sent into all-reduce (per replica).
+    pub bytes: usize,
+}
+
+impl SyncStats {
+    /// Fraction of communication time that overlapped computation (1 = fully hidden).
+    pub fn hidden_fraction(&self) -> f64 {
+        if self.communication.is_zero() {
+            return 1.0;
+        }
+        (1.0 - self.exposed.as_secs_f64() / self.communication.as_secs_f64()).clamp(0.0, 1.0)
+    }
+
+    /// Exposed synchronisation as a fraction of compute time.
+    pub fn overhead(&self) -> f64 {
+        self.exposed.as_secs_f64() / self.compute.as_secs_f64().max(1e-12)
+    }
+}
+
+/// A gradient step that all-reduces bucketed gradients with the other replicas.
+///
+/// Gradients of each micro-batch are summed weighted by its sample count; the all-reduce
+/// sums them with every replica's sample count (carried as one extra element per bucket),
+/// and the result is divided by the total. The update is therefore exactly the mean over
+/// all samples of all replicas, whatever each replica's batch size.
+///
+/// Create it with [`Replica::gradient_step`](crate::Replica::gradient_step) or
+/// [`Replica::overlapped_step`](crate::Replica::overlapped_step).
+pub struct DdpStep<M> {
+    comm: Arc<CommWorker>,
+    config: DdpConfig,
+    pass: Pass<M>,
+    groups: Groups<M>,
+    plan: Option<BucketPlan>,
+    flat: Vec<f32>,
+    stats: Arc<Mutex<SyncStats>>,
+}
+
+/// A bucket in flight: (its range in the flat buffer, the pending all-reduce).
+type InFlight = (std::ops::Range<usize>, Pending<Vec<f32>>);
+
+impl<M: ImageClassifier> DdpStep<M> {
+    pub(crate) fn new(
+        comm: Arc<CommWorker>,
+        config: DdpConfig,
+        pass: Pass<M>,
+        groups: Groups<M>,
+    ) -> Self {
+        Self {
+            comm,
+            config,
+            pass,
+            groups,
+            plan: None,
+            flat: Vec::new(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// A handle on the step's synchronisation statistics, readable after training.
+    pub fn stats(&self) -> Arc<Mutex<SyncStats>> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Starts the all-reduce of `flat[range]` plus this replica's sample count.
+    fn submit(&self, flat: &[f32], range: std::ops::Range<usize>, samples: usize) -> InFlight {
+        let mut data = Vec::with_capacity(range.len() + 1);
+        data.extend_from_slice(&flat[range.clone()]);
+        data.push(samples as f32);
+        let pending = match self.config.compression {
+            Compression::None => self.comm.submit(move |c| {
+                let mut data = data;
+                c.all_reduce(&mut data, ReduceOp::Sum).map(|_| data)
+            }),
+            Compression::F16 => self.comm.submit(move |c| reduce_narrowed::<f16>(c, &data)),
+            Compression::Bf16 => self.comm.submit(move |c| reduce_narrowed::<bf16>(c, &data)),
+        };
+        (range, pending)
+    }
+}
+
+/// All-reduces `data` in a half type (what travels), returning it widened to `f32`.
+fn reduce_narrowed<T: CommElement>(
+    comm: &kiln_comm::Communicator,
+    data: &[f32],
+) -> Result<Vec<f32>, kiln_comm::CommError> {
+    let mut narrow: Vec<T> = data.iter().map(|&v| T::from_f32(v)).collect();
+    comm.all_reduce(&mut narrow, ReduceOp::Sum)?;
+    Ok(narrow.into_iter().map(T::to_f32).collect())
+}
+
+impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
+    fn gradients(
+        &mut self,
+        model: &M,
+        batches: Vec<ImageBatch>,
+        _step: usize,
+    ) -> Result<StepOutput, TrainError> {
+        let plan = match self.plan.take() {
+            Some(plan) => plan,
+            None => BucketPlan::new(
+                (self.groups)(model),
+                self.config.first_bucket_bytes,
+                self.config.bucket_cap_bytes,
+            ),
+        };
+        let mut flat = std::mem::take(&mut self.flat);
+        flat.clear();
+        flat.resize(plan.layout().len(), 0.0);
+
+        let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
+        let synchronous = self.config.mode == SyncMode::Gradients;
+        let count = batches.len();
+        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
+        let mut in_flight: Vec<InFlight> = Vec::with_capacity(plan.buckets().len());
+        let compute_start = Instant::now();
+        for (index, batch) in batches.into_iter().enumerate() {
+            let last = index + 1 == count;
+            let size = batch.indices.len();
+            let mut on_group = |group: usize, flat: &[f32]| {
+                if last && synchronous {
+                    for bucket in
+                        plan.buckets()[in_flight.len()..plan.ready_after_group(group)].iter()
+                    {
+                        in_flight.push(self.submit(flat, bucket.clone(), samples));
+                    }
+                }
+            };
+            let (loss, right) = (self.pass)(
+                model,
+                batch,
+                plan.layout(),
+                &mut flat,
+                size as f32,
+                &mut on_group,
+            );
+            loss_sum += f64::from(loss) * size as f64;
+            correct += right;
+        }
+        let compute = compute_start.elapsed();
+
+        let wait_start = Instant::now();
+        let mut total = samples as f32;
+        let mut communication = Duration::ZERO;
+        let buckets = in_flight.len();
+        for (range, pending) in in_flight {
+            let reduced = pending.wait()?;
+            communication += reduced.busy;
+            let (values, count) = reduced.value.split_at(range.len());
+            flat[range].copy_from_slice(values);
+            total = count[0];
+        }
+        let exposed = wait_start.elapsed();
+        let scale = 1.0 / total.max(1.0);
+        flat.iter_mut().for_each(|g| *g *= scale);
+        let device = model
+            .devices()
+            .first()
+            .cloned()
+            .unwrap_or_default()
+            .without_autodiff();
+        let grads = grads_from_flat(model, plan.layout(), &flat, &device);
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            stats.steps += 1;
+            stats.compute += compute;
+            stats.communication += communication;
+            stats.exposed += exposed;
+            stats.buckets += buckets;
+            stats.bytes += if synchronous {
+                4 * (flat.len() + buckets)
+            } else {
+                0
+            };
+        }
+        self.flat = flat;
+        self.plan = Some(plan);
+        Ok(StepOutput {
+            grads,
+            loss: (loss_sum / samples.max(1) as f64) as f32,
+            correct,
+            samples,
+        })
+    }
+
+    fn after_update(&mut self, model: M, step: usize) -> Result<M, TrainError> {
+        let model = match self.config.mode {
+            SyncMode::LocalSgd { period } if (step + 1) % period.max(1) == 0 => {
+                average(&self.comm, model, Selection::All)?
+            }
+            _ => model,
+        };
+        let every = self.config.divergence_check_every;
+        if every > 0 && (step + 1) % every == 0 && self.config.mode == SyncMode::Gradients {
+            // Running statistics legitimately differ between evaluations; parameters must not.
+            check_divergence(&self.comm, &model, Selection::Trainable)?;
+        }
+        Ok(model)
+    }
+
+    fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
+        // Batch-norm running statistics differ per replica (each saw its own shard): use their
+        // mean, so that every replica evaluates and checkpoints the same model.
+        let selection = match self.config.mode {
+            SyncMode::Gradients => Selection::Buffers,
+            SyncMode::LocalSgd { .. } => Selection::All,
+            SyncMode::Unsynchronized => return Ok(model),
+        };
+        Ok(average(&self.comm, model, selection)?)
+    }
+}

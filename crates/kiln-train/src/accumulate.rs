@@ -1,0 +1,87 @@
+//! Gradient accumulation over micro-batches.
+
+use kiln_core::{FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos};
+use kiln_data::ImageBatch;
+
+use crate::{StepOutput, forward_backward};
+
+/// Sums sample-weighted gradients over micro-batches, so that the result is the mean
+/// gradient over all their samples: exactly one large batch's gradient.
+#[derive(Debug)]
+pub struct Accumulator {
+    layout: FlatLayout,
+    flat: Vec<f32>,
+    loss_sum: f64,
+    correct: usize,
+    samples: usize,
+}
+
+impl Accumulator {
+    /// An empty accumulator for `model`'s trainable parameters.
+    pub fn new<M: ImageClassifier>(model: &M) -> Self {
+        Self::with_layout(FlatLayout::new(
+            param_infos(model).into_iter().filter(|p| p.trainable),
+        ))
+    }
+
+    /// An empty accumulator over `layout`.
+    pub fn with_layout(layout: FlatLayout) -> Self {
+        let flat = vec![0.0; layout.len()];
+        Self {
+            layout,
+            flat,
+            loss_sum: 0.0,
+            correct: 0,
+            samples: 0,
+        }
+    }
+
+    /// Runs forward and backward on `batch` and adds its gradients, weighted by its size.
+    pub fn add<M: ImageClassifier>(&mut self, model: &M, batch: ImageBatch) {
+        let samples = batch.indices.len();
+        let (mut grads, loss, correct) = forward_backward(model, batch);
+        model.visit(&mut GradWriter {
+            grads: &mut grads,
+            layout: &self.layout,
+            flat: &mut self.flat,
+            scale: samples as f32,
+            accumulate: true,
+        });
+        self.record(loss, correct, samples);
+    }
+
+    /// Records a micro-batch's metrics whose gradients were written to [`sums_mut`](Self::sums_mut).
+    pub fn record(&mut self, loss: f32, correct: usize, samples: usize) {
+        self.loss_sum += f64::from(loss) * samples as f64;
+        self.correct += correct;
+        self.samples += samples;
+    }
+
+    /// The layout and the sample-weighted gradient sums, e.g. to reduce across replicas.
+    pub fn sums_mut(&mut self) -> (&FlatLayout, &mut Vec<f32>) {
+        (&self.layout, &mut self.flat)
+    }
+
+    /// Samples added so far.
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    /// The mean gradient over every sample added.
+    pub fn finish<M: ImageClassifier>(self, model: &M) -> StepOutput {
+        let scale = 1.0 / self.samples.max(1) as f32;
+        let flat: Vec<f32> = self.flat.iter().map(|g| g * scale).collect();
+        let device = model
+            .devices()
+            .first()
+            .cloned()
+            .unwrap_or_default()
+            .without_autodiff();
+        StepOutput {
+            grads: grads_from_flat(model, &self.layout, &flat, &device),
+            loss: (self.loss_sum / self.samples.max(1) as f64) as f32,
+            correct: self.correct,
+            samples: self.samples,
+        }
+    }
+}
