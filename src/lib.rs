@@ -8,6 +8,7 @@
 //!   with timeouts instead of hangs.
 //! - [`data`]: a prefetching multi-worker loader, a distributed sampler, CIFAR-10, MNIST and
 //!   synthetic data.
+//! - [`ddp`]: data-parallel training: replicas, bucketed all-reduce overlapped with backward.
 //! - [`train`]: the trainer, learning-rate schedules and metrics.
 //! - [`resnet`]: the ResNet family.
 //!
@@ -18,5 +19,6 @@ pub use burn;
 pub use kiln_comm as comm;
 pub use kiln_core as core;
 pub use kiln_data as data;
+pub use kiln_ddp as ddp;
 pub use kiln_resnet as resnet;
 pub use kiln_train as train;

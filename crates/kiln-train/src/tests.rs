@@ -17,7 +17,7 @@ fn run(workers: usize, steps: usize) -> TrainReport {
             .with_base_width(4)
             .init(&device)
     });
-    let data = SyntheticImages::new(256, 4, 2, [3, 8, 8]);
+    let data = SyntheticImages::new(256, 4, 2, [3, 8, 8]).with_noise(0.5);
     let valid = data.split(64, 9);
     let optimizer = SgdConfig::new()
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
