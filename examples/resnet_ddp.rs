@@ -89,23 +89,36 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let specs = DeviceSpec::parse_list(&args.devices)?;
-    let devices = specs.iter().map(DeviceSpec::device).collect::<Result<Vec<_>, _>>()?;
+    let devices = specs
+        .iter()
+        .map(DeviceSpec::device)
+        .collect::<Result<Vec<_>, _>>()?;
     let world = devices.len();
 
-    let (train, valid, transforms): (Arc<dyn ImageSource>, Arc<dyn ImageSource>, Vec<Transform>) = match &args.data {
-        Some(dir) => {
-            let mut transforms = Transform::cifar_augmentation();
-            transforms.push(Transform::cifar_normalize());
-            (Arc::new(Cifar10::train(dir)?), Arc::new(Cifar10::test(dir)?), transforms)
-        }
-        None => {
-            let train = SyntheticImages::cifar_like(args.synthetic_samples, 10, args.seed);
-            let valid = train.split(1_000, 1);
-            (Arc::new(train), Arc::new(valid), Vec::new())
-        }
-    };
-    let valid_transforms: Vec<Transform> = transforms.iter().filter(|t| matches!(t, Transform::Normalize { .. })).cloned().collect();
-    let config = ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
+    let (train, valid, transforms): (Arc<dyn ImageSource>, Arc<dyn ImageSource>, Vec<Transform>) =
+        match &args.data {
+            Some(dir) => {
+                let mut transforms = Transform::cifar_augmentation();
+                transforms.push(Transform::cifar_normalize());
+                (
+                    Arc::new(Cifar10::train(dir)?),
+                    Arc::new(Cifar10::test(dir)?),
+                    transforms,
+                )
+            }
+            None => {
+                let train = SyntheticImages::cifar_like(args.synthetic_samples, 10, args.seed);
+                let valid = train.split(1_000, 1);
+                (Arc::new(train), Arc::new(valid), Vec::new())
+            }
+        };
+    let valid_transforms: Vec<Transform> = transforms
+        .iter()
+        .filter(|t| matches!(t, Transform::Normalize { .. }))
+        .cloned()
+        .collect();
+    let config =
+        ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
     let compression = match args.compression.as_str() {
         "f32" => Compression::None,
         "f16" => Compression::F16,
@@ -128,11 +141,21 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let results = DataParallel::new(devices)
-        .config(DdpConfig { compression, mode, ..DdpConfig::default() })
+        .config(DdpConfig {
+            compression,
+            mode,
+            ..DdpConfig::default()
+        })
         .run(|replica| {
             let device = replica.train_device();
             let primary = replica.is_primary();
-            let model = init_module(&device, args.seed, || config.clone().with_stem(StemKind::Cifar).with_base_width(args.width).init(&device));
+            let model = init_module(&device, args.seed, || {
+                config
+                    .clone()
+                    .with_stem(StemKind::Cifar)
+                    .with_base_width(args.width)
+                    .init(&device)
+            });
             let model = replica.broadcast_module(model)?;
             let train_loader = DataLoader::builder(Arc::clone(&train))
                 .batch_size(args.batch_size)
@@ -146,12 +169,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .build();
             let steps_per_epoch = train_loader.num_batches() / args.accumulation;
             let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
-            let schedule = LrSchedule::constant(args.lr).warmup((total_steps / 10).max(1)).cosine(total_steps, 0.0);
+            let schedule = LrSchedule::constant(args.lr)
+                .warmup((total_steps / 10).max(1))
+                .cosine(total_steps, 0.0);
             let optimizer = SgdConfig::new()
                 .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
                 .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
                 .init();
-            let step = if args.no_overlap { replica.gradient_step() } else { replica.overlapped_step() };
+            let step = if args.no_overlap {
+                replica.gradient_step()
+            } else {
+                replica.overlapped_step()
+            };
             let stats = step.stats();
             let mut builder = Trainer::builder(model, optimizer)
                 .gradient_step(step)
@@ -179,7 +208,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         })?;
 
     for (rank, (report, stats)) in results.iter().enumerate() {
-        let images: f64 = report.epochs.iter().map(|e| e.images_per_sec * e.elapsed.as_secs_f64()).sum();
+        let images: f64 = report
+            .epochs
+            .iter()
+            .map(|e| e.images_per_sec * e.elapsed.as_secs_f64())
+            .sum();
         let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
         println!(
             "replica {rank}: {:.0} img/s | sync: {:.1} MB/step in {} buckets, exposed {:.1}% of compute, {:.0}% of communication hidden",

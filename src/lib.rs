@@ -15,6 +15,10 @@
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
 #![warn(missing_docs)]
 
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub use burn;
 pub use kiln_comm as comm;
 pub use kiln_core as core;

@@ -1,1 +1,57 @@
-fn main() {}
+//! kiln's developer tasks. `cargo xtask bench --help` for the benchmark suite.
+
+mod bench;
+mod measure;
+mod report;
+mod svg;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "kiln developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Run the benchmark suite: a table on stdout, results.json and SVG plots in --out.
+    Bench(BenchArgs),
+}
+
+/// Options of `cargo xtask bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Smaller sizes and fewer repetitions (the CI smoke run; a few minutes on 2 cores).
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only these benchmarks (collectives, ddp, overhead, loader).
+    #[arg(long, num_args = 1..)]
+    pub only: Vec<String>,
+    /// Devices for the training benchmarks (one replica each; default CPU replicas).
+    #[arg(long, default_value = "cpu")]
+    pub devices: String,
+    /// Output directory.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// An earlier results.json: print each figure's ratio to it.
+    #[arg(long)]
+    pub compare: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let Cli {
+        task: Task::Bench(args),
+    } = Cli::parse();
+    match bench::run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! All-reduce bus bandwidth against single-thread memcpy bandwidth.
+
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use kiln::comm::{InProcessGroup, ReduceOp};
+
+use super::{Output, Plot};
+use crate::BenchArgs;
+use crate::measure::{stats, time};
+use crate::report::{Figure, Target};
+use crate::svg::Series;
+
+const NAME: &str = "collectives";
+
+/// Bytes per second of a single-threaded copy of `bytes`.
+fn memcpy_bandwidth(bytes: usize, reps: usize) -> f64 {
+    let n = bytes / 4;
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    let s = time(2, reps, || {
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&mut dst);
+    });
+    bytes as f64 / s.median
+}
+
+/// Seconds per all-reduce of `bytes` over `world` in-process ranks (rank 0's view).
+fn all_reduce_seconds(bytes: usize, world: usize, reps: usize) -> Vec<f64> {
+    let n = bytes / 4;
+    let start = Arc::new(Barrier::new(world));
+    let comms = InProcessGroup::new(world).build();
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|comm| {
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                let mut data = vec![comm.rank() as f32; n];
+                let mut samples = Vec::with_capacity(reps);
+                for rep in 0..reps + 2 {
+                    start.wait();
+                    let t = Instant::now();
+                    comm.all_reduce(&mut data, ReduceOp::Sum)
+                        .expect("all-reduce");
+                    if rep >= 2 {
+                        samples.push(t.elapsed().as_secs_f64());
+                    }
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut per_rank: Vec<Vec<f64>> = handles
+        .into_iter()
+        .map(|h| h.join().expect("rank"))
+        .collect();
+    // An operation lasts until its slowest rank finishes.
+    let mut worst = per_rank.swap_remove(0);
+    for other in per_rank {
+        worst.iter_mut().zip(other).for_each(|(w, o)| *w = w.max(o));
+    }
+    worst
+}
+
+pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
+    let sizes_mb: &[usize] = if args.quick {
+        &[1, 4]
+    } else {
+        &[1, 4, 25, 100]
+    };
+    let reps = if args.quick { 5 } else { 10 };
+    let mut out = Output::default();
+    let mut lines: Vec<Series> = Vec::new();
+    for world in [2, 4] {
+        let mut line = Series {
+            name: format!("{world} ranks"),
+            points: Vec::new(),
+        };
+        for &mb in sizes_mb {
+            let bytes = mb << 20;
+            let memcpy = memcpy_bandwidth(bytes, reps);
+            let samples = all_reduce_seconds(bytes, world, reps);
+            let s = stats(samples);
+            let bus = 2.0 * (world as f64 - 1.0) / world as f64 * bytes as f64 / s.median;
+            let ratio = bus / memcpy;
+            out.figures.push(
+                Figure::new(
+                    NAME,
+                    format!("in-process {world} ranks {mb} MB busbw"),
+                    bus / 1e9,
+                    "GB/s",
+                )
+                .spread(s.spread),
+            );
+            out.figures.push(
+                Figure::new(
+                    NAME,
+                    format!("in-process {world} ranks {mb} MB / memcpy"),
+                    ratio,
+                    "ratio",
+                )
+                .spread(s.spread)
+                .target(Target::AtLeast(0.8)),
+            );
+            line.points.push((mb as f64, ratio));
+        }
+        lines.push(line);
+    }
+    out.plots.push(Plot {
+        file: "allreduce_bandwidth",
+        title: "In-process all-reduce bus bandwidth / memcpy bandwidth",
+        x_label: "message size (MB)",
+        y_label: "busbw / memcpy",
+        log_x: true,
+        series: lines,
+    });
+    Ok(out)
+}

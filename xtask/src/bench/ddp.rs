@@ -1,0 +1,121 @@
+//! Data-parallel step time with and without gradient sync; throughput against replicas.
+
+use std::sync::Arc;
+
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln::data::DataLoader;
+use kiln::ddp::{DataParallel, DdpConfig, SyncMode, SyncStats};
+use kiln::train::{LrSchedule, Trainer};
+
+use super::workload::{BATCH, data, median_step_seconds, model, steps};
+use super::{Output, Plot};
+use crate::BenchArgs;
+use crate::measure::Stats;
+use crate::report::{Figure, Target};
+use crate::svg::Series;
+
+const NAME: &str = "ddp";
+
+/// Trains `replicas` replicas for warm-up + measured steps; returns rank 0's step-time stats
+/// and sync statistics.
+fn train(
+    replicas: usize,
+    mode: SyncMode,
+    quick: bool,
+) -> Result<(Stats, SyncStats), Box<dyn std::error::Error>> {
+    let (warmup, measured) = steps(quick);
+    let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
+    let results = DataParallel::new(vec![Device::flex(); replicas])
+        .config(DdpConfig {
+            mode,
+            ..DdpConfig::default()
+        })
+        .run(|replica| {
+            let device = replica.train_device();
+            let model = replica.broadcast_module(model(&device))?;
+            let loader = DataLoader::builder(Arc::clone(&source))
+                .batch_size(BATCH)
+                .num_workers(1)
+                .shard(replica.rank(), replica.world_size())
+                .device(device)
+                .build();
+            let step = replica.overlapped_step();
+            let stats = step.stats();
+            let (_, report) = Trainer::builder(
+                model,
+                SgdConfig::new()
+                    .with_momentum(Some(MomentumConfig::new()))
+                    .init(),
+            )
+            .gradient_step(step)
+            .schedule(LrSchedule::constant(0.05))
+            .train_loader(loader)
+            .max_steps(warmup + measured)
+            .progress(false)
+            .log_epochs(false)
+            .build()?
+            .fit()?;
+            let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
+            Ok((median_step_seconds(&report, warmup), stats))
+        })?;
+    Ok(results.into_iter().next().expect("rank 0"))
+}
+
+pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
+    let mut out = Output::default();
+    let (synced, sync_stats) = train(2, SyncMode::Gradients, args.quick)?;
+    let (skipped, _) = train(2, SyncMode::Unsynchronized, args.quick)?;
+    out.figures.push(
+        Figure::new(
+            NAME,
+            "2 replicas: step with sync / sync skipped",
+            synced.median / skipped.median,
+            "ratio",
+        )
+        .spread(synced.spread.max(skipped.spread))
+        .target(Target::AtMost(1.05)),
+    );
+    out.figures.push(Figure::new(
+        NAME,
+        "2 replicas: communication hidden by backward",
+        sync_stats.hidden_fraction(),
+        "fraction",
+    ));
+    let mut line = Series {
+        name: "ResNet-18 w8, batch 32/replica".into(),
+        points: Vec::new(),
+    };
+    let mut single = None;
+    for replicas in [1, 2, 4] {
+        let (s, _) = train(replicas, SyncMode::Gradients, args.quick)?;
+        let images = (replicas * BATCH) as f64 / s.median;
+        let base = *single.get_or_insert(images);
+        out.figures.push(
+            Figure::new(
+                NAME,
+                format!("{replicas} replica(s): images/s"),
+                images,
+                "img/s",
+            )
+            .spread(s.spread),
+        );
+        out.figures.push(Figure::new(
+            NAME,
+            format!("{replicas} replica(s): speed-up over 1"),
+            images / base,
+            "ratio",
+        ));
+        line.points.push((replicas as f64, images));
+    }
+    out.plots.push(Plot {
+        file: "ddp_throughput",
+        title: "Data-parallel throughput (in-process replicas, one CPU)",
+        x_label: "replicas",
+        y_label: "images/s",
+        log_x: false,
+        series: vec![line],
+    });
+    Ok(out)
+}

@@ -1,0 +1,43 @@
+//! The training workload every training benchmark shares: the example's model and data.
+
+use kiln::core::init_module;
+use kiln::data::SyntheticImages;
+use kiln::resnet::{ResNet, ResNetConfig, StemKind};
+
+use burn::tensor::Device;
+
+/// Per-replica batch size.
+pub const BATCH: usize = 32;
+
+/// ResNet-18, base width 8, CIFAR stem: the `resnet_ddp` example's default model.
+pub fn model(device: &Device) -> ResNet {
+    init_module(device, 42, || {
+        ResNetConfig::resnet18(10)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(8)
+            .init(device)
+    })
+}
+
+/// CIFAR-shaped synthetic data.
+pub fn data(len: usize) -> SyntheticImages {
+    SyntheticImages::cifar_like(len, 10, 42)
+}
+
+/// Steps (warm-up, measured) for the run's size.
+pub fn steps(quick: bool) -> (usize, usize) {
+    if quick { (2, 6) } else { (4, 24) }
+}
+
+/// Median seconds per step over the measured steps of a report.
+pub fn median_step_seconds(
+    report: &kiln::train::TrainReport,
+    warmup: usize,
+) -> crate::measure::Stats {
+    crate::measure::stats(
+        report.steps[warmup..]
+            .iter()
+            .map(|s| BATCH as f64 / s.images_per_sec)
+            .collect(),
+    )
+}

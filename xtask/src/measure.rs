@@ -1,0 +1,39 @@
+//! Repeated measurements: warm-up, repetitions, median and spread.
+
+use std::time::Instant;
+
+/// Median and relative spread ((max − min) / median) of samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub median: f64,
+    pub spread: f64,
+}
+
+pub fn stats(mut samples: Vec<f64>) -> Stats {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    let median = if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        0.5 * (samples[n / 2 - 1] + samples[n / 2])
+    };
+    let spread = (samples[n - 1] - samples[0]) / median.abs().max(1e-300);
+    Stats { median, spread }
+}
+
+/// Runs `f` `warmup` times, then times it `reps` times (seconds per call).
+pub fn time(warmup: usize, reps: usize, mut f: impl FnMut()) -> Stats {
+    for _ in 0..warmup {
+        f();
+    }
+    stats(
+        (0..reps)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
