@@ -3,14 +3,14 @@
 //! A pure-Rust deep-learning training framework on [Burn](https://burn.dev) with parallelism
 //! built in. This facade re-exports kiln's crates:
 //!
-//! - [`core`]: model segments, device names, seeding.
-//! - [`comm`]: collectives (all-reduce, broadcast, all-gather, reduce-scatter, send/recv)
+//! - [`core`] — model segments, device names, seeding.
+//! - [`comm`] — collectives (all-reduce, broadcast, all-gather, reduce-scatter, send/recv)
 //!   with timeouts instead of hangs.
-//! - [`data`]: a prefetching multi-worker loader, a distributed sampler, CIFAR-10, MNIST and
+//! - [`data`] — a prefetching multi-worker loader, a distributed sampler, CIFAR-10, MNIST and
 //!   synthetic data.
-//! - [`ddp`]: data-parallel training: replicas, bucketed all-reduce overlapped with backward.
-//! - [`train`]: the trainer, learning-rate schedules and metrics.
-//! - [`resnet`]: the ResNet family.
+//! - [`ddp`] — data-parallel training: replicas, bucketed all-reduce overlapped with backward.
+//! - [`train`] — the trainer, learning-rate schedules and metrics.
+//! - [`resnet`] — the ResNet family.
 //!
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
 #![warn(missing_docs)]

@@ -39,6 +39,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod buffer;
 mod communicator;
 mod element;
 mod error;
@@ -46,6 +47,7 @@ mod in_process;
 mod op;
 mod worker;
 
+pub use buffer::ReduceBuffer;
 pub use communicator::Communicator;
 pub use element::CommElement;
 pub use error::CommError;

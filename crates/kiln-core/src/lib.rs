@@ -1,12 +1,12 @@
 //! Core vocabulary shared by every kiln crate.
 //!
-//! - [`segment`]: a model seen as an ordered list of segments, which the planner, pipeline
+//! - [`segment`] — a model seen as an ordered list of segments, which the planner, pipeline
 //!   stages and backward/communication overlap all build on.
-//! - [`classifier`]: [`ImageClassifier`], what the trainer needs of a model.
-//! - [`device_spec`]: parse device names such as `cpu:1` or `cuda:0` into Burn devices.
-//! - [`flat`]: gradients and parameters in and out of flat buffers, for collectives.
-//! - [`seed`]: deterministic, race-free seeding and initialisation ([`init_module`]).
-//! - [`params`]: small helpers to enumerate a module's parameters.
+//! - [`classifier`] — [`ImageClassifier`], what the trainer needs of a model.
+//! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
+//! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
+//! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
+//! - [`params`] — small helpers to enumerate a module's parameters.
 #![warn(missing_docs)]
 
 pub mod classifier;

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use kiln_comm::{CommElement, CommWorker, Pending, ReduceOp};
+use kiln_comm::{CommElement, CommWorker, Pending, ReduceBuffer, ReduceOp};
 use kiln_core::{ImageClassifier, grads_from_flat};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepOutput, TrainError};
@@ -98,8 +98,14 @@ impl<M: ImageClassifier> DdpStep<M> {
         data.push(samples as f32);
         let pending = match self.config.compression {
             Compression::None => self.comm.submit(move |c| {
+                // Zero-copy in-process reduction; the copies in and out happen on the
+                // communication thread, off the backward's critical path.
+                let mut buffer = ReduceBuffer::new(data.len(), c.world_size());
+                buffer.copy_from(&data);
+                c.all_reduce_buffer(&mut buffer, ReduceOp::Sum)?;
                 let mut data = data;
-                c.all_reduce(&mut data, ReduceOp::Sum).map(|_| data)
+                buffer.copy_to(&mut data);
+                Ok(data)
             }),
             Compression::F16 => self.comm.submit(move |c| reduce_narrowed::<f16>(c, &data)),
             Compression::Bf16 => self.comm.submit(move |c| reduce_narrowed::<bf16>(c, &data)),
@@ -214,13 +220,14 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
 
     fn after_update(&mut self, model: M, step: usize) -> Result<M, TrainError> {
         let model = match self.config.mode {
-            SyncMode::LocalSgd { period } if (step + 1) % period.max(1) == 0 => {
+            SyncMode::LocalSgd { period } if (step + 1).is_multiple_of(period.max(1)) => {
                 average(&self.comm, model, Selection::All)?
             }
             _ => model,
         };
         let every = self.config.divergence_check_every;
-        if every > 0 && (step + 1) % every == 0 && self.config.mode == SyncMode::Gradients {
+        if every > 0 && (step + 1).is_multiple_of(every) && self.config.mode == SyncMode::Gradients
+        {
             // Running statistics legitimately differ between evaluations; parameters must not.
             check_divergence(&self.comm, &model, Selection::Trainable)?;
         }

@@ -7,15 +7,15 @@
 //! 3. each rank copies the result out (the all-gather), then a last rendezvous frees the slots
 //!    for the next operation.
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::group::Shared;
+use crate::buffer::chunk_range;
 use crate::element::{narrow_into, widen_into};
-use crate::{CommElement, CommError, ReduceOp};
+use crate::{CommElement, CommError, ReduceBuffer, ReduceOp};
 
 /// How often a blocked `recv` looks at the group's poison.
 const POLL: Duration = Duration::from_millis(20);
@@ -37,11 +37,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The element range of chunk `chunk` when `len` elements are split over `parts` ranks.
-fn chunk_range(len: usize, parts: usize, chunk: usize) -> Range<usize> {
-    (chunk * len / parts)..((chunk + 1) * len / parts)
 }
 
 impl InProcessCommunicator {
@@ -160,7 +155,76 @@ impl InProcessCommunicator {
             }
             narrow_into(&mut data[range], &reduced);
         }
-        self.sync(OP)
+        // No closing rendezvous: `reduced` is rewritten only after the next collective's first
+        // rendezvous, which every rank reaches after this copy.
+        Ok(())
+    }
+
+    /// Reduces `buffer` over all ranks in place: its chunks move into the group's slots (no
+    /// copy), rank `c` reduces chunk `c` of every slot and writes the result back to all of
+    /// them, and the chunks move back out.
+    pub fn all_reduce_buffer(
+        &self,
+        buffer: &mut ReduceBuffer,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        const OP: &str = "all_reduce_buffer";
+        let n = self.world_size();
+        if buffer.world_size() != n {
+            return Err(self.fail(
+                OP,
+                format!(
+                    "buffer laid out for {} ranks, group has {n}",
+                    buffer.world_size()
+                ),
+            ));
+        }
+        let swap = |buffer: &mut ReduceBuffer| {
+            for (chunk, cell) in buffer.chunks.iter_mut().zip(&self.shared.slots[self.rank]) {
+                std::mem::swap(chunk, &mut lock(cell));
+            }
+        };
+        if n == 1 {
+            buffer
+                .chunks_mut()
+                .for_each(|(_, chunk)| op.finish(chunk, 1));
+            return Ok(());
+        }
+        swap(buffer);
+        self.sync(OP)?;
+        {
+            let mut cells: Vec<_> = self
+                .shared
+                .slots
+                .iter()
+                .map(|slot| lock(&slot[self.rank]))
+                .collect();
+            let (first, rest) = cells.split_at_mut(1);
+            let acc = &mut first[0];
+            for (peer, values) in rest.iter().enumerate() {
+                if values.len() != acc.len() {
+                    drop(cells);
+                    swap(buffer);
+                    return Err(self.fail(
+                        OP,
+                        format!(
+                            "buffer lengths differ between ranks (rank 0 and rank {})",
+                            peer + 1
+                        ),
+                    ));
+                }
+                op.combine(acc, values);
+            }
+            op.finish(acc, n);
+            for values in rest.iter_mut() {
+                values.copy_from_slice(acc);
+            }
+        }
+        self.sync(OP)?;
+        // No closing rendezvous: the next collective touches other ranks' slots only after its
+        // own first rendezvous, which this rank reaches after swapping its chunks out.
+        swap(buffer);
+        Ok(())
     }
 
     /// Copies `root`'s `data` into every other rank's `data`.

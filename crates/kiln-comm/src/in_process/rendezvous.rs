@@ -4,6 +4,7 @@
 //! lost rank would hang the others forever. This one can: waiting returns an error when the
 //! deadline passes or when any rank has poisoned the group.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,16 @@ pub(crate) struct Rendezvous {
     world_size: usize,
     state: Mutex<State>,
     cond: Condvar,
+    /// Mirrors `State::generation` so that waiters can spin without the lock.
+    generation: AtomicU64,
+    /// Mirrors `State::poison.is_some()`.
+    poisoned: AtomicBool,
 }
+
+/// Polls of the lock-free fast path before a waiter blocks on the condition variable.
+/// Waking a blocked thread costs tens of microseconds, as long as a 1 MB copy; most
+/// rendezvous complete within a few microseconds when every rank is running.
+const SPINS: u32 = 4096;
 
 impl Rendezvous {
     pub fn new(world_size: usize) -> Self {
@@ -37,6 +47,8 @@ impl Rendezvous {
             world_size,
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
+            generation: AtomicU64::new(0),
+            poisoned: AtomicBool::new(false),
         }
     }
 
@@ -57,6 +69,7 @@ impl Rendezvous {
                 reason: reason.into(),
             });
         }
+        self.poisoned.store(true, Ordering::Release);
         self.cond.notify_all();
     }
 
@@ -83,9 +96,26 @@ impl Rendezvous {
         if state.arrived == self.world_size {
             state.arrived = 0;
             state.generation += 1;
+            self.generation.store(state.generation, Ordering::Release);
             self.cond.notify_all();
             return Ok(());
         }
+        // Fast path: spin (yielding now and then, in case ranks outnumber cores) until the
+        // last rank arrives, then fall back to blocking.
+        drop(state);
+        for spin in 0..SPINS {
+            if self.generation.load(Ordering::Acquire) != generation
+                || self.poisoned.load(Ordering::Acquire)
+            {
+                break;
+            }
+            if spin % 64 == 63 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let mut state = self.lock();
         loop {
             // A completed generation wins over a later poison: this rank's part is done.
             if state.generation != generation {
@@ -100,6 +130,7 @@ impl Rendezvous {
                     peer: rank,
                     reason: format!("rank {rank} timed out in `{op}` after {waited:?}"),
                 });
+                self.poisoned.store(true, Ordering::Release);
                 self.cond.notify_all();
                 return Err(CommError::Timeout { op, rank, waited });
             }

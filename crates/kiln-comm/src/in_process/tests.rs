@@ -275,3 +275,53 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn buffer_all_reduce_matches_serial_reference_and_interleaves_with_slices() {
+    use crate::ReduceBuffer;
+    for world in 1..=6 {
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+            let results = run(world, move |comm| {
+                LENGTHS
+                    .iter()
+                    .map(|&len| {
+                        let mut buffer = ReduceBuffer::new(len, comm.world_size());
+                        buffer.copy_from(&input(comm.rank(), len));
+                        comm.all_reduce_buffer(&mut buffer, op).unwrap();
+                        // A slice collective right after must not see stale slots.
+                        let mut check = vec![1.0f32; 3];
+                        comm.all_reduce(&mut check, ReduceOp::Sum).unwrap();
+                        assert_eq!(check, vec![comm.world_size() as f32; 3]);
+                        let mut out = vec![0.0; len];
+                        buffer.copy_to(&mut out);
+                        out
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for per_rank in results {
+                for (data, &len) in per_rank.iter().zip(&LENGTHS) {
+                    assert_eq!(
+                        data,
+                        &reference(world, len, op),
+                        "world {world}, {op:?}, len {len}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_buffer_laid_out_for_another_world_size_is_rejected() {
+    let results = run(2, |comm| {
+        let mut buffer = crate::ReduceBuffer::new(10, 3);
+        comm.all_reduce_buffer(&mut buffer, ReduceOp::Sum)
+    });
+    assert!(
+        results.iter().all(|r| matches!(
+            r,
+            Err(CommError::InvalidArgument { .. }) | Err(CommError::PeerLost { .. })
+        )),
+        "{results:?}"
+    );
+}

@@ -21,11 +21,11 @@ fn batches(workers: usize, epoch: u64) -> Vec<(Vec<usize>, Vec<f32>, Vec<i64>)> 
             let b = b.unwrap();
             (
                 b.indices,
-                b.images.into_data().to_vec::<f32>().unwrap(),
+                b.images.into_data().try_to_vec::<f32>().unwrap(),
                 b.labels
                     .into_data()
                     .convert::<i64>()
-                    .to_vec::<i64>()
+                    .try_to_vec::<i64>()
                     .unwrap(),
             )
         })
