@@ -60,6 +60,9 @@ struct Args {
     /// All-reduce after the whole backward instead of overlapping it segment by segment.
     #[arg(long)]
     no_overlap: bool,
+    /// ZeRO-1: shard optimizer state over replicas.
+    #[arg(long)]
+    zero1: bool,
     /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
     #[arg(long)]
     data: Option<std::path::PathBuf>,
@@ -222,6 +225,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             100.0 * stats.overhead(),
             100.0 * stats.hidden_fraction()
         );
+        if let Some((owned, total)) = stats.optimizer_shard {
+            println!(
+                "replica {rank}: ZeRO-1 optimizer state for {owned} of {total} parameters ({:.0}% saved)",
+                100.0 * (1.0 - owned as f64 / total as f64)
+            );
+        }
     }
     Ok(())
 }

@@ -47,6 +47,28 @@ impl FlatLayout {
         layout
     }
 
+    /// Places each parameter at an explicit offset in a buffer of `len` elements (leaving
+    /// gaps, e.g. padding for equal-sized shards).
+    ///
+    /// # Panics
+    /// If an entry does not fit in `len`.
+    pub fn with_offsets(entries: impl IntoIterator<Item = (ParamInfo, usize)>, len: usize) -> Self {
+        let mut layout = Self {
+            len,
+            ..Self::default()
+        };
+        for (info, offset) in entries {
+            assert!(
+                offset + info.numel() <= len,
+                "`{}` does not fit in the buffer",
+                info.path
+            );
+            layout.index.insert(info.id, layout.entries.len());
+            layout.entries.push(FlatEntry { info, offset });
+        }
+        layout
+    }
+
     /// Total elements.
     pub fn len(&self) -> usize {
         self.len

@@ -41,6 +41,9 @@ pub struct DdpConfig {
     pub mode: SyncMode,
     /// Compare parameter checksums across replicas every this many steps (0 = never).
     pub divergence_check_every: usize,
+    /// ZeRO stage 1: shard optimizer state over replicas (reduce-scatter gradients, each
+    /// replica updates the parameters it owns, all-gather parameters). Synchronous mode only.
+    pub zero1: bool,
     /// Timeout of every collective.
     pub timeout: std::time::Duration,
 }
@@ -53,6 +56,7 @@ impl Default for DdpConfig {
             compression: Compression::None,
             mode: SyncMode::Gradients,
             divergence_check_every: 0,
+            zero1: false,
             timeout: kiln_comm::DEFAULT_TIMEOUT,
         }
     }

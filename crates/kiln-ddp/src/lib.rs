@@ -18,6 +18,8 @@
 //! - **Compression** to f16/bf16 on the wire ([`Compression`]), **local SGD**
 //!   ([`SyncMode::LocalSgd`]), batch-norm statistics averaged before every evaluation, and
 //!   a **divergence check** that names the first parameter that differs.
+//! - **ZeRO-1** ([`DdpConfig::zero1`]): optimizer state sharded over replicas; gradients are
+//!   reduce-scattered and parameters all-gathered.
 #![warn(missing_docs)]
 
 mod config;
@@ -27,6 +29,7 @@ mod plan;
 mod runtime;
 mod step;
 mod sync;
+mod zero;
 
 pub use config::{Compression, DdpConfig, SyncMode};
 pub use error::DdpError;

@@ -12,6 +12,7 @@ use kiln_train::{GradientStep, StepOutput, TrainError};
 use crate::pass::{Groups, Pass};
 use crate::plan::BucketPlan;
 use crate::sync::{Selection, average, check_divergence};
+use crate::zero::ZeroPlan;
 use crate::{Compression, DdpConfig, SyncMode};
 
 /// How much of the gradient communication the step hid behind backward.
@@ -29,6 +30,8 @@ pub struct SyncStats {
     pub buckets: usize,
     /// Bytes sent into all-reduce (per replica).
     pub bytes: usize,
+    /// With ZeRO-1: (parameters whose optimizer state this replica keeps, all parameters).
+    pub optimizer_shard: Option<(usize, usize)>,
 }
 
 impl SyncStats {
@@ -61,6 +64,7 @@ pub struct DdpStep<M> {
     pass: Pass<M>,
     groups: Groups<M>,
     plan: Option<BucketPlan>,
+    zero: Option<ZeroPlan>,
     flat: Vec<f32>,
     stats: Arc<Mutex<SyncStats>>,
 }
@@ -81,6 +85,7 @@ impl<M: ImageClassifier> DdpStep<M> {
             pass,
             groups,
             plan: None,
+            zero: None,
             flat: Vec::new(),
             stats: Arc::default(),
         }
@@ -124,6 +129,94 @@ fn reduce_narrowed<T: CommElement>(
     Ok(narrow.into_iter().map(T::to_f32).collect())
 }
 
+impl<M: ImageClassifier> DdpStep<M> {
+    /// ZeRO-1: reduce-scatter the padded gradient regions; return only this replica's
+    /// parameters' gradients, so its optimizer keeps state for them alone.
+    fn zero_gradients(
+        &mut self,
+        model: &M,
+        batches: Vec<ImageBatch>,
+    ) -> Result<StepOutput, TrainError> {
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let zero = self.zero.take().unwrap_or_else(|| {
+            let params = kiln_core::param_infos(model)
+                .into_iter()
+                .filter(|p| p.trainable)
+                .collect();
+            ZeroPlan::new(params, rank, world)
+        });
+        let mut flat = vec![0.0f32; world * zero.region];
+        let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
+        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
+        let compute_start = Instant::now();
+        for batch in batches {
+            let size = batch.indices.len();
+            let (loss, right) = (self.pass)(
+                model,
+                batch,
+                &zero.full,
+                &mut flat,
+                size as f32,
+                &mut |_, _| {},
+            );
+            loss_sum += f64::from(loss) * size as f64;
+            correct += right;
+        }
+        let compute = compute_start.elapsed();
+        for r in 0..world {
+            flat[zero.count_slot(r)] = samples as f32;
+        }
+        let region = zero.region;
+        let reduced = self
+            .comm
+            .submit(move |c| {
+                let mut mine = vec![0.0f32; region];
+                c.reduce_scatter(&flat, &mut mine, ReduceOp::Sum)
+                    .map(|_| mine)
+            })
+            .wait()?;
+        let mut mine = reduced.value;
+        let scale = 1.0 / mine[region - 1].max(1.0);
+        mine.iter_mut().for_each(|g| *g *= scale);
+        let device = model
+            .devices()
+            .first()
+            .cloned()
+            .unwrap_or_default()
+            .without_autodiff();
+        let grads = grads_from_flat(model, &zero.owned, &mine, &device);
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            stats.steps += 1;
+            stats.compute += compute;
+            stats.communication += reduced.busy;
+            stats.exposed += reduced.busy;
+            stats.buckets += 1;
+            stats.bytes += 4 * world * region;
+            stats.optimizer_shard = Some((zero.owned_numel, zero.total_numel));
+        }
+        self.zero = Some(zero);
+        Ok(StepOutput {
+            grads,
+            loss: (loss_sum / samples.max(1) as f64) as f32,
+            correct,
+            samples,
+        })
+    }
+
+    /// ZeRO-1: every replica contributes the parameters it updated; all receive all.
+    fn zero_gather(&mut self, model: M) -> Result<M, TrainError> {
+        let zero = self.zero.as_ref().expect("gradients ran first");
+        let mine = kiln_core::read_params(&model, &zero.owned);
+        let world = self.comm.world_size();
+        let gathered = self.comm.run(move |c| {
+            let mut all = vec![0.0f32; world * mine.len()];
+            c.all_gather(&mine, &mut all).map(|_| all)
+        })?;
+        Ok(kiln_core::write_params(model, &zero.full, &gathered))
+    }
+}
+
 impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
     fn gradients(
         &mut self,
@@ -131,6 +224,9 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         batches: Vec<ImageBatch>,
         _step: usize,
     ) -> Result<StepOutput, TrainError> {
+        if self.config.zero1 && self.config.mode == SyncMode::Gradients {
+            return self.zero_gradients(model, batches);
+        }
         let plan = match self.plan.take() {
             Some(plan) => plan,
             None => BucketPlan::new(
@@ -219,6 +315,11 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
     }
 
     fn after_update(&mut self, model: M, step: usize) -> Result<M, TrainError> {
+        let model = if self.zero.is_some() {
+            self.zero_gather(model)?
+        } else {
+            model
+        };
         let model = match self.config.mode {
             SyncMode::LocalSgd { period } if (step + 1).is_multiple_of(period.max(1)) => {
                 average(&self.comm, model, Selection::All)?

@@ -530,3 +530,11 @@ fn concurrent_independent_runs_match_a_sequential_one() {
         );
     }
 }
+
+#[test]
+fn zero1_shards_optimizer_state_and_matches_single_device() {
+    let reference = single(data(), 12, 1, true);
+    let mut setup = Setup::new(3, 4);
+    setup.config.zero1 = true;
+    assert_close(&replicated(&setup), &reference, 1e-5, "ZeRO-1, 3 replicas");
+}
