@@ -147,6 +147,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .config(DdpConfig {
             compression,
             mode,
+            zero1: args.zero1,
             ..DdpConfig::default()
         })
         .run(|replica| {
