@@ -74,3 +74,33 @@ fn a_loader_on_a_plain_device_is_rejected_with_a_clear_error() {
         .build();
     assert!(matches!(result, Err(TrainError::Config(msg)) if msg.contains("autodiff")));
 }
+
+#[test]
+fn adamw_with_step_decay_trains_through_the_same_builder() {
+    let device = Device::flex().autodiff();
+    let model = init_module(&device, 5, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(2)
+            .init(&device)
+    });
+    let data = SyntheticImages::new(64, 4, 2, [3, 8, 8]).with_noise(0.5);
+    let (_, report) = Trainer::builder(model, burn::optim::AdamWConfig::new().init())
+        .schedule(LrSchedule::constant(1e-2).step_decay(2, 0.5))
+        .train_loader(
+            DataLoader::builder(data)
+                .batch_size(16)
+                .device(device.clone())
+                .build(),
+        )
+        .max_steps(6)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    let rates: Vec<f64> = report.steps.iter().map(|s| s.lr).collect();
+    assert_eq!(rates, vec![1e-2, 1e-2, 5e-3, 5e-3, 2.5e-3, 2.5e-3]);
+    assert!(report.losses().iter().all(|l| l.is_finite()));
+}

@@ -9,7 +9,7 @@ use kiln::data::DataLoader;
 use kiln::ddp::{DataParallel, DdpConfig, SyncMode, SyncStats};
 use kiln::train::{LrSchedule, Trainer};
 
-use super::workload::{BATCH, data, median_step_seconds, model, steps};
+use super::workload::{BATCH, data, devices, median_step_seconds, model, replica_devices, steps};
 use super::{Output, Plot};
 use crate::BenchArgs;
 use crate::measure::Stats;
@@ -21,13 +21,14 @@ const NAME: &str = "ddp";
 /// Trains `replicas` replicas for warm-up + measured steps; returns rank 0's step-time stats
 /// and sync statistics.
 fn train(
+    devices: &[Device],
     replicas: usize,
     mode: SyncMode,
     quick: bool,
 ) -> Result<(Stats, SyncStats), Box<dyn std::error::Error>> {
     let (warmup, measured) = steps(quick);
     let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
-    let results = DataParallel::new(vec![Device::flex(); replicas])
+    let results = DataParallel::new(replica_devices(devices, replicas))
         .config(DdpConfig {
             mode,
             ..DdpConfig::default()
@@ -65,8 +66,9 @@ fn train(
 
 pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     let mut out = Output::default();
-    let (synced, sync_stats) = train(2, SyncMode::Gradients, args.quick)?;
-    let (skipped, _) = train(2, SyncMode::Unsynchronized, args.quick)?;
+    let devices = devices(&args.devices)?;
+    let (synced, sync_stats) = train(&devices, 2, SyncMode::Gradients, args.quick)?;
+    let (skipped, _) = train(&devices, 2, SyncMode::Unsynchronized, args.quick)?;
     out.figures.push(
         Figure::new(
             NAME,
@@ -89,7 +91,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     };
     let mut single = None;
     for replicas in [1, 2, 4] {
-        let (s, _) = train(replicas, SyncMode::Gradients, args.quick)?;
+        let (s, _) = train(&devices, replicas, SyncMode::Gradients, args.quick)?;
         let images = (replicas * BATCH) as f64 / s.median;
         let base = *single.get_or_insert(images);
         out.figures.push(

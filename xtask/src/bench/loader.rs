@@ -3,11 +3,10 @@
 use std::sync::Arc;
 
 use burn::optim::SgdConfig;
-use burn::tensor::Device;
 use kiln::data::{DataLoader, Transform};
 use kiln::train::{LrSchedule, Trainer};
 
-use super::workload::{BATCH, data, model, steps};
+use super::workload::{BATCH, data, devices, model, steps};
 use super::{Output, Plot};
 use crate::BenchArgs;
 use crate::measure::time;
@@ -62,7 +61,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
 
     // Stall: time the training loop waits for batches / its wall time, with 2 workers.
     let (warmup, measured) = steps(args.quick);
-    let device = Device::flex().autodiff();
+    let device = devices(&args.devices)?.remove(0).autodiff();
     let loader = DataLoader::builder(Arc::new(data(BATCH * (warmup + measured) * 2)))
         .batch_size(BATCH)
         .num_workers(2)

@@ -10,7 +10,7 @@ use kiln::data::DataLoader;
 use kiln::train::{LrSchedule, Trainer, classification_loss};
 
 use super::Output;
-use super::workload::{BATCH, data, median_step_seconds, model, steps};
+use super::workload::{BATCH, data, devices, median_step_seconds, model, steps};
 use crate::BenchArgs;
 use crate::measure::{Stats, stats};
 use crate::report::{Figure, Target};
@@ -23,9 +23,9 @@ fn optimizer() -> burn::optim::ModuleOptimizer {
         .init()
 }
 
-fn kiln_step(quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
+fn kiln_step(device: &Device, quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
     let (warmup, measured) = steps(quick);
-    let device = Device::flex().autodiff();
+    let device = device.clone().autodiff();
     let loader = DataLoader::builder(Arc::new(data(BATCH * (warmup + measured))))
         .batch_size(BATCH)
         .num_workers(1)
@@ -43,9 +43,9 @@ fn kiln_step(quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
 }
 
 /// The loop a Burn user writes by hand, on batches prepared in memory beforehand.
-fn hand_written_step(quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
+fn hand_written_step(device: &Device, quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
     let (warmup, measured) = steps(quick);
-    let device = Device::flex().autodiff();
+    let device = device.clone().autodiff();
     let mut loader = DataLoader::builder(data(BATCH * (warmup + measured)))
         .batch_size(BATCH)
         .device(device.clone())
@@ -70,10 +70,11 @@ fn hand_written_step(quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
 pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     // Alternate the two so that drifting machine load hits both alike.
     let rounds = if args.quick { 1 } else { 3 };
+    let device = devices(&args.devices)?.remove(0);
     let (mut kiln, mut hand) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        kiln.push(kiln_step(args.quick)?.median);
-        hand.push(hand_written_step(args.quick)?.median);
+        kiln.push(kiln_step(&device, args.quick)?.median);
+        hand.push(hand_written_step(&device, args.quick)?.median);
     }
     let (kiln, hand) = (stats(kiln), stats(hand));
     let mut out = Output::default();

@@ -41,3 +41,16 @@ pub fn median_step_seconds(
             .collect(),
     )
 }
+
+/// The devices named by `--devices` (`cpu` by default); replicas cycle over them.
+pub fn devices(spec: &str) -> Result<Vec<Device>, Box<dyn std::error::Error>> {
+    let specs = kiln::core::DeviceSpec::parse_list(spec)?;
+    Ok(specs.iter().map(|s| s.device()).collect::<Result<_, _>>()?)
+}
+
+/// `replicas` devices, cycling over `devices`.
+pub fn replica_devices(devices: &[Device], replicas: usize) -> Vec<Device> {
+    (0..replicas)
+        .map(|i| devices[i % devices.len()].clone())
+        .collect()
+}

@@ -182,3 +182,39 @@ fn an_abandoned_epoch_does_not_leak_into_the_next() {
     let second: Vec<Vec<usize>> = loader.epoch(1).map(|b| b.unwrap().indices).collect();
     assert_eq!(second, loader.batch_indices(1));
 }
+
+#[test]
+fn any_burn_dataset_plugs_in() {
+    use burn::data::dataset::InMemDataset;
+    let items: Vec<ImageItem> = (0..10)
+        .map(|i| ImageItem {
+            pixels: vec![i as f32; 4],
+            shape: [1, 2, 2],
+            label: i % 3,
+        })
+        .collect();
+    let source = crate::BurnDataset(InMemDataset::new(items));
+    let mut loader = DataLoader::builder(source)
+        .batch_size(4)
+        .num_workers(2)
+        .build();
+    let batches: Vec<_> = loader.epoch(0).map(|b| b.unwrap()).collect();
+    assert_eq!(batches.len(), 3);
+    let labels = batches[2]
+        .labels
+        .clone()
+        .into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .unwrap();
+    assert_eq!(labels, vec![8 % 3, 9 % 3]);
+    assert_eq!(
+        batches[1]
+            .images
+            .clone()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap()[0],
+        4.0
+    );
+}
