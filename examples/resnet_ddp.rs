@@ -5,6 +5,8 @@
 //! cargo run --release --example resnet_ddp                       # 2 CPU replicas, synthetic data
 //! cargo run --release --example resnet_ddp -- --devices cpu:0    # one replica
 //! cargo run --release --example resnet_ddp -- --data cifar-10-batches-bin --epochs 10 --width 64
+//! cargo build --release --features mpi --example resnet_ddp
+//! mpirun -np 2 target/release/examples/resnet_ddp --comm mpi --devices cpu
 //! ```
 
 use std::process::ExitCode;
@@ -14,11 +16,11 @@ use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
-use kiln::core::{DeviceSpec, init_module};
+use kiln::core::{DeviceSpec, fingerprint, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
-use kiln::ddp::{Compression, DataParallel, DdpConfig, SyncMode};
+use kiln::ddp::{Compression, DataParallel, DdpConfig, Replica, SyncMode, SyncStats};
 use kiln::resnet::{ResNetConfig, StemKind};
-use kiln::train::{LrSchedule, Trainer};
+use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
 
 /// Train a ResNet with kiln.
 #[derive(Parser, Debug)]
@@ -63,6 +65,10 @@ struct Args {
     /// ZeRO-1: shard optimizer state over replicas.
     #[arg(long)]
     zero1: bool,
+    /// How replicas communicate: `local` (threads of this process, one per --devices entry)
+    /// or `mpi` (one process per replica under mpirun; needs `--features mpi`).
+    #[arg(long, default_value = "local")]
+    comm: String,
     /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
     #[arg(long)]
     data: Option<std::path::PathBuf>,
@@ -90,13 +96,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// What every replica shares.
+struct Setup {
+    train: Arc<dyn ImageSource>,
+    valid: Arc<dyn ImageSource>,
+    transforms: Vec<Transform>,
+    valid_transforms: Vec<Transform>,
+    model: ResNetConfig,
+}
+
+/// What a replica reports back.
+struct Outcome {
+    rank: usize,
+    report: TrainReport,
+    stats: SyncStats,
+    fingerprint: u64,
+}
+
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let specs = DeviceSpec::parse_list(&args.devices)?;
     let devices = specs
         .iter()
         .map(DeviceSpec::device)
         .collect::<Result<Vec<_>, _>>()?;
-    let world = devices.len();
 
     let (train, valid, transforms): (Arc<dyn ImageSource>, Arc<dyn ImageSource>, Vec<Transform>) =
         match &args.data {
@@ -115,12 +137,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 (Arc::new(train), Arc::new(valid), Vec::new())
             }
         };
-    let valid_transforms: Vec<Transform> = transforms
+    let valid_transforms = transforms
         .iter()
         .filter(|t| matches!(t, Transform::Normalize { .. }))
         .cloned()
         .collect();
-    let config =
+    let model =
         ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
     let compression = match args.compression.as_str() {
         "f32" => Compression::None,
@@ -132,86 +154,33 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(period) => SyncMode::LocalSgd { period },
         None => SyncMode::Gradients,
     };
-    println!(
-        "kiln: resnet{} width {} | {world} replica(s) on {} | {} training / {} validation images | batch {} x {world} x {} accumulation",
-        args.model,
-        args.width,
-        args.devices,
-        train.len(),
-        valid.len(),
-        args.batch_size,
-        args.accumulation
-    );
+    let config = DdpConfig {
+        compression,
+        mode,
+        zero1: args.zero1,
+        ..DdpConfig::default()
+    };
+    let setup = Setup {
+        train,
+        valid,
+        transforms,
+        valid_transforms,
+        model,
+    };
 
-    let results = DataParallel::new(devices)
-        .config(DdpConfig {
-            compression,
-            mode,
-            zero1: args.zero1,
-            ..DdpConfig::default()
-        })
-        .run(|replica| {
-            let device = replica.train_device();
-            let primary = replica.is_primary();
-            let model = init_module(&device, args.seed, || {
-                config
-                    .clone()
-                    .with_stem(StemKind::Cifar)
-                    .with_base_width(args.width)
-                    .init(&device)
-            });
-            let model = replica.broadcast_module(model)?;
-            let train_loader = DataLoader::builder(Arc::clone(&train))
-                .batch_size(args.batch_size)
-                .num_workers(args.workers)
-                .prefetch(args.prefetch)
-                .shuffle(args.seed)
-                .drop_last(true)
-                .shard(replica.rank(), replica.world_size())
-                .transforms(transforms.clone())
-                .device(device.clone())
-                .build();
-            let steps_per_epoch = train_loader.num_batches() / args.accumulation;
-            let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
-            let schedule = LrSchedule::constant(args.lr)
-                .warmup((total_steps / 10).max(1))
-                .cosine(total_steps, 0.0);
-            let optimizer = SgdConfig::new()
-                .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-                .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
-                .init();
-            let step = if args.no_overlap {
-                replica.gradient_step()
-            } else {
-                replica.overlapped_step()
-            };
-            let stats = step.stats();
-            let mut builder = Trainer::builder(model, optimizer)
-                .gradient_step(step)
-                .schedule(schedule)
-                .train_loader(train_loader)
-                .accumulation_steps(args.accumulation)
-                .progress(primary && !args.quiet)
-                .log_epochs(primary);
-            if primary {
-                let valid_loader = DataLoader::builder(Arc::clone(&valid))
-                    .batch_size(256)
-                    .num_workers(args.workers)
-                    .transforms(valid_transforms.clone())
-                    .device(replica.device().clone())
-                    .build();
-                builder = builder.valid_loader(valid_loader);
-            }
-            builder = match args.steps {
-                Some(steps) => builder.max_steps(steps),
-                None => builder.epochs(args.epochs),
-            };
-            let (_model, report) = builder.build()?.fit()?;
-            let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
-            Ok((report, stats))
-        })?;
+    let outcomes: Vec<Outcome> = match args.comm.as_str() {
+        "local" => {
+            announce(&args, &setup, devices.len(), &args.devices);
+            DataParallel::new(devices)
+                .config(config)
+                .run(|replica| train_replica(replica, &args, &setup))?
+        }
+        "mpi" => run_mpi(&args, &setup, devices, config)?,
+        other => return Err(format!("--comm must be local or mpi, not {other}").into()),
+    };
 
-    for (rank, (report, stats)) in results.iter().enumerate() {
+    for outcome in &outcomes {
+        let (report, stats) = (&outcome.report, &outcome.stats);
         let images: f64 = report
             .epochs
             .iter()
@@ -219,7 +188,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .sum();
         let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
         println!(
-            "replica {rank}: {:.0} img/s | sync: {:.1} MB/step in {} buckets, exposed {:.1}% of compute, {:.0}% of communication hidden",
+            "replica {}: {:.0} img/s | sync: {:.1} MB/step in {} buckets, exposed {:.1}% of compute, {:.0}% of communication hidden",
+            outcome.rank,
             images / secs.max(1e-9),
             stats.bytes as f64 / stats.steps.max(1) as f64 / 1e6,
             stats.buckets / stats.steps.max(1),
@@ -228,10 +198,125 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         if let Some((owned, total)) = stats.optimizer_shard {
             println!(
-                "replica {rank}: ZeRO-1 optimizer state for {owned} of {total} parameters ({:.0}% saved)",
+                "replica {}: ZeRO-1 optimizer state for {owned} of {total} parameters ({:.0}% saved)",
+                outcome.rank,
                 100.0 * (1.0 - owned as f64 / total as f64)
             );
         }
+        if outcome.rank == 0 {
+            println!("final parameters fingerprint: {:016x}", outcome.fingerprint);
+        }
     }
     Ok(())
+}
+
+fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
+    println!(
+        "kiln: resnet{} width {} | {world} replica(s) on {placement} | {} training / {} validation images | batch {} x {world} x {} accumulation",
+        args.model,
+        args.width,
+        setup.train.len(),
+        setup.valid.len(),
+        args.batch_size,
+        args.accumulation
+    );
+}
+
+/// One replica per process under `mpirun`; this process trains on `devices[rank % len]`.
+#[cfg(feature = "mpi")]
+fn run_mpi(
+    args: &Args,
+    setup: &Setup,
+    devices: Vec<burn::tensor::Device>,
+    config: DdpConfig,
+) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
+    let comm = kiln::comm::MpiCommunicator::world(config.timeout)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if rank == 0 {
+        announce(args, setup, world, &format!("{world} MPI processes"));
+    }
+    let device = devices[rank % devices.len()].clone();
+    Ok(vec![DataParallel::run_rank(
+        comm,
+        device,
+        config,
+        |replica| train_replica(replica, args, setup),
+    )?])
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(
+    _: &Args,
+    _: &Setup,
+    _: Vec<burn::tensor::Device>,
+    _: DdpConfig,
+) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
+    Err("--comm mpi needs the example built with `--features mpi`".into())
+}
+
+fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome, TrainError> {
+    let device = replica.train_device();
+    let primary = replica.is_primary();
+    let model = init_module(&device, args.seed, || {
+        setup
+            .model
+            .clone()
+            .with_stem(StemKind::Cifar)
+            .with_base_width(args.width)
+            .init(&device)
+    });
+    let model = replica.broadcast_module(model)?;
+    let train_loader = DataLoader::builder(Arc::clone(&setup.train))
+        .batch_size(args.batch_size)
+        .num_workers(args.workers)
+        .prefetch(args.prefetch)
+        .shuffle(args.seed)
+        .drop_last(true)
+        .shard(replica.rank(), replica.world_size())
+        .transforms(setup.transforms.clone())
+        .device(device.clone())
+        .build();
+    let steps_per_epoch = train_loader.num_batches() / args.accumulation;
+    let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
+    let schedule = LrSchedule::constant(args.lr)
+        .warmup((total_steps / 10).max(1))
+        .cosine(total_steps, 0.0);
+    let optimizer = SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
+        .init();
+    let step = if args.no_overlap {
+        replica.gradient_step()
+    } else {
+        replica.overlapped_step()
+    };
+    let stats = step.stats();
+    let mut builder = Trainer::builder(model, optimizer)
+        .gradient_step(step)
+        .schedule(schedule)
+        .train_loader(train_loader)
+        .accumulation_steps(args.accumulation)
+        .progress(primary && !args.quiet)
+        .log_epochs(primary);
+    if primary {
+        let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
+            .batch_size(256)
+            .num_workers(args.workers)
+            .transforms(setup.valid_transforms.clone())
+            .device(replica.device().clone())
+            .build();
+        builder = builder.valid_loader(valid_loader);
+    }
+    builder = match args.steps {
+        Some(steps) => builder.max_steps(steps),
+        None => builder.epochs(args.epochs),
+    };
+    let (model, report) = builder.build()?.fit()?;
+    let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(Outcome {
+        rank: replica.rank(),
+        report,
+        stats,
+        fingerprint: fingerprint(&model),
+    })
 }

@@ -13,12 +13,17 @@ use crate::{CommElement, CommError, InProcessCommunicator, ReduceBuffer, ReduceO
 pub enum Communicator {
     /// A rank of an in-process (threads) group.
     InProcess(InProcessCommunicator),
+    /// This process's rank of the MPI world (feature `mpi`).
+    #[cfg(feature = "mpi")]
+    Mpi(crate::MpiCommunicator),
 }
 
 macro_rules! dispatch {
     ($self:ident, $comm:ident => $call:expr) => {
         match $self {
             Communicator::InProcess($comm) => $call,
+            #[cfg(feature = "mpi")]
+            Communicator::Mpi($comm) => $call,
         }
     };
 }
@@ -107,6 +112,8 @@ impl Communicator {
     pub(crate) fn abort_target(&self) -> AbortTarget {
         match self {
             Communicator::InProcess(c) => AbortTarget::InProcess(c.shared()),
+            #[cfg(feature = "mpi")]
+            Communicator::Mpi(_) => AbortTarget::Mpi,
         }
     }
 }
@@ -115,12 +122,16 @@ impl Communicator {
 #[derive(Debug, Clone)]
 pub(crate) enum AbortTarget {
     InProcess(std::sync::Arc<crate::in_process::Shared>),
+    #[cfg(feature = "mpi")]
+    Mpi,
 }
 
 impl AbortTarget {
     pub(crate) fn abort(&self, rank: usize, reason: String) {
         match self {
             AbortTarget::InProcess(shared) => shared.rendezvous.poison(rank, reason),
+            #[cfg(feature = "mpi")]
+            AbortTarget::Mpi => crate::mpi_backend::abort_job(rank, &reason),
         }
     }
 }

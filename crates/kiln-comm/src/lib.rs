@@ -10,6 +10,8 @@
 //! - [`InProcessGroup`]: N communicators for N threads of one process, reducing through
 //!   shared memory: each rank reduces 1/N of the buffer (reduce-scatter), then every rank
 //!   copies the reduced chunks back (all-gather).
+//! - `MpiCommunicator` (feature `mpi`): one rank per process over MPI (`mpirun`), across
+//!   machines; one thread owns MPI.
 //!
 //! [`CommWorker`] runs a rank's operations on a communication thread and hands back
 //! [`Pending`] results, so communication overlaps computation.
@@ -44,6 +46,8 @@ mod communicator;
 mod element;
 mod error;
 mod in_process;
+#[cfg(feature = "mpi")]
+mod mpi_backend;
 mod op;
 mod worker;
 
@@ -52,6 +56,8 @@ pub use communicator::Communicator;
 pub use element::CommElement;
 pub use error::CommError;
 pub use in_process::{InProcessCommunicator, InProcessGroup};
+#[cfg(feature = "mpi")]
+pub use mpi_backend::MpiCommunicator;
 pub use op::ReduceOp;
 pub use worker::{AbortHandle, CommWorker, Pending, Timed};
 

@@ -238,3 +238,17 @@ pub fn read_params<M: Module>(module: &M, layout: &FlatLayout) -> Vec<f32> {
 pub fn write_params<M: Module>(module: M, layout: &FlatLayout, flat: &[f32]) -> M {
     module.map(&mut ParamWriter { layout, flat })
 }
+
+/// A 64-bit FNV-1a fingerprint of the bit patterns of every float parameter and buffer of
+/// `module`: equal fingerprints mean (all but certainly) bit-identical models.
+pub fn fingerprint<M: Module>(module: &M) -> u64 {
+    let layout = FlatLayout::new(crate::param_infos(module));
+    fingerprint_values(&read_params(module, &layout))
+}
+
+/// FNV-1a over the bit patterns of `values`.
+pub fn fingerprint_values(values: &[f32]) -> u64 {
+    values.iter().fold(0xcbf2_9ce4_8422_2325, |hash, v| {
+        (hash ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
+    })
+}

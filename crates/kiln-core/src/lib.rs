@@ -19,8 +19,8 @@ pub mod segment;
 pub use classifier::ImageClassifier;
 pub use device_spec::{DeviceSpec, DeviceSpecError};
 pub use flat::{
-    FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, grads_from_flat, read_params,
-    write_params,
+    FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, fingerprint, fingerprint_values,
+    grads_from_flat, read_params, write_params,
 };
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, with_seed};

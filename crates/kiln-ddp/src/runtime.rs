@@ -150,6 +150,40 @@ impl DataParallel {
     }
 }
 
+impl DataParallel {
+    /// Runs `train` as the one replica of this process, communicating through `comm`
+    /// (e.g. [`MpiCommunicator::world`](kiln_comm::MpiCommunicator) under `mpirun`: one
+    /// process per device, possibly across machines). `device` is this replica's device.
+    ///
+    /// A failure aborts the group (under MPI: the whole job) so that no rank waits forever.
+    pub fn run_rank<R, F>(
+        comm: kiln_comm::Communicator,
+        device: Device,
+        config: DdpConfig,
+        train: F,
+    ) -> Result<R, DdpError>
+    where
+        F: FnOnce(Replica) -> Result<R, TrainError>,
+    {
+        let rank = comm.rank();
+        let world_size = comm.world_size();
+        let comm = Arc::new(CommWorker::spawn(comm));
+        let abort = comm.abort_handle();
+        let replica = Replica {
+            rank,
+            world_size,
+            device,
+            comm,
+            config,
+        };
+        let result = train(replica).map_err(|source| DdpError::Replica { rank, source });
+        if let Err(err) = &result {
+            abort.abort(format!("replica {rank} failed: {err}"));
+        }
+        result
+    }
+}
+
 /// Whether `err` only reports that another replica was lost.
 fn is_consequence(err: &DdpError) -> bool {
     matches!(

@@ -2,7 +2,7 @@
 
 use burn::module::Module;
 use kiln_comm::{CommError, CommWorker, ReduceOp};
-use kiln_core::{FlatLayout, param_infos, read_params, write_params};
+use kiln_core::{FlatLayout, fingerprint_values, param_infos, read_params, write_params};
 use kiln_train::TrainError;
 
 /// Which float tensors of a module to move.
@@ -64,13 +64,6 @@ pub(crate) fn average<M: Module>(
     Ok(write_params(module, &layout, &values))
 }
 
-/// FNV-1a over the bit patterns of `values`.
-fn fingerprint(values: &[f32]) -> u64 {
-    values.iter().fold(0xcbf2_9ce4_8422_2325, |hash, v| {
-        (hash ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// A 64-bit fingerprint as four exactly representable `f32` (16 bits each).
 fn to_words(hash: u64) -> [f32; 4] {
     std::array::from_fn(|i| ((hash >> (16 * i)) & 0xFFFF) as f32)
@@ -92,7 +85,11 @@ pub(crate) fn check_divergence<M: Module>(
     let words: Vec<f32> = layout
         .entries()
         .iter()
-        .flat_map(|e| to_words(fingerprint(&values[e.offset..e.offset + e.info.numel()])))
+        .flat_map(|e| {
+            to_words(fingerprint_values(
+                &values[e.offset..e.offset + e.info.numel()],
+            ))
+        })
         .collect();
     let world = comm.world_size();
     let per_rank = words.len();

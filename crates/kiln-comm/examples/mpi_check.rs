@@ -1,0 +1,192 @@
+//! Checks every collective of the MPI backend against a serial reference.
+//!
+//! ```text
+//! cargo build --release -p kiln-comm --features mpi --example mpi_check
+//! mpirun --allow-run-as-root --oversubscribe -np 4 target/release/examples/mpi_check
+//! ```
+//! Exits non-zero on the first mismatch. MPI initialises once per process, so this is a
+//! program run under `mpirun` rather than a `cargo test` case.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use half::{bf16, f16};
+use kiln_comm::{CommWorker, Communicator, MpiCommunicator, ReduceBuffer, ReduceOp};
+
+const LENGTHS: [usize; 6] = [0, 1, 2, 7, 1009, 100_003];
+
+fn input(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.25 - 12.0)
+        .collect()
+}
+
+fn reference(world: usize, len: usize, op: ReduceOp) -> Vec<f32> {
+    let mut acc = input(0, len);
+    for rank in 1..world {
+        for (a, v) in acc.iter_mut().zip(input(rank, len)) {
+            *a = match op {
+                ReduceOp::Sum | ReduceOp::Mean => *a + v,
+                ReduceOp::Max => a.max(v),
+                ReduceOp::Min => a.min(v),
+            };
+        }
+    }
+    if op == ReduceOp::Mean {
+        acc.iter_mut().for_each(|a| *a /= world as f32);
+    }
+    acc
+}
+
+fn check(comm: &Communicator) -> Result<usize, String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mut checks = 0;
+    let mut expect = |ok: bool, what: String| {
+        if ok {
+            checks += 1;
+            Ok(())
+        } else {
+            Err(what)
+        }
+    };
+    for &len in &LENGTHS {
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
+            let mut data = input(rank, len);
+            comm.all_reduce(&mut data, op).map_err(|e| e.to_string())?;
+            // MPI may sum in any order: compare with a tolerance of a few ulps.
+            let want = reference(world, len, op);
+            let close = data
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+            expect(close, format!("all_reduce {op:?} len {len}"))?;
+        }
+        let mut buffer = ReduceBuffer::new(len, world);
+        buffer.copy_from(&input(rank, len));
+        comm.all_reduce_buffer(&mut buffer, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let mut out = vec![0.0; len];
+        buffer.copy_to(&mut out);
+        let want = reference(world, len, ReduceOp::Sum);
+        expect(
+            out.iter()
+                .zip(&want)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)),
+            format!("all_reduce_buffer len {len}"),
+        )?;
+
+        let root = len % world;
+        let mut data = if rank == root {
+            input(root, len)
+        } else {
+            vec![0.0; len]
+        };
+        comm.broadcast(&mut data, root).map_err(|e| e.to_string())?;
+        expect(data == input(root, len), format!("broadcast len {len}"))?;
+
+        let mut gathered = vec![0.0; len * world];
+        comm.all_gather(&input(rank, len), &mut gathered)
+            .map_err(|e| e.to_string())?;
+        expect(
+            gathered == (0..world).flat_map(|r| input(r, len)).collect::<Vec<_>>(),
+            format!("all_gather len {len}"),
+        )?;
+
+        let mut part = vec![0.0; len];
+        comm.reduce_scatter(&input(rank, len * world), &mut part, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let full = reference(world, len * world, ReduceOp::Sum);
+        let want = &full[rank * len..(rank + 1) * len];
+        expect(
+            part.iter()
+                .zip(want)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)),
+            format!("reduce_scatter len {len}"),
+        )?;
+    }
+    let source: Vec<f32> = input(rank, 1009);
+    let mut h: Vec<f16> = source.iter().map(|&v| f16::from_f32(v)).collect();
+    let mut b: Vec<bf16> = source.iter().map(|&v| bf16::from_f32(v)).collect();
+    comm.all_reduce(&mut h, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    comm.all_reduce(&mut b, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let want = reference(world, 1009, ReduceOp::Sum);
+    expect(
+        h.iter()
+            .zip(&want)
+            .all(|(g, w)| (g.to_f32() - w).abs() <= w.abs() * 4.9e-4 + 1e-6),
+        "f16 all_reduce".into(),
+    )?;
+    expect(
+        b.iter()
+            .zip(&want)
+            .all(|(g, w)| (g.to_f32() - w).abs() <= w.abs() * 3.9e-3 + 1e-6),
+        "bf16 all_reduce".into(),
+    )?;
+
+    // Point to point around a ring.
+    comm.send(&input(rank, 13), (rank + 1) % world)
+        .map_err(|e| e.to_string())?;
+    let mut got = vec![0.0f32; 13];
+    comm.recv(&mut got, (rank + world - 1) % world)
+        .map_err(|e| e.to_string())?;
+    expect(
+        got == input((rank + world - 1) % world, 13),
+        "send/recv ring".into(),
+    )?;
+    comm.barrier().map_err(|e| e.to_string())?;
+    Ok(checks)
+}
+
+fn main() -> ExitCode {
+    let comm = match MpiCommunicator::world(Duration::from_secs(60)) {
+        Ok(comm) => comm,
+        Err(err) => {
+            eprintln!("mpi_check: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // `--lose-rank R`: rank R exits at once; the others must not hang in the barrier (the
+    // launcher tears the job down), which CI checks with a bounded wait.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(lost) = args
+        .iter()
+        .position(|a| a == "--lose-rank")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse::<usize>().ok())
+    {
+        if rank == lost {
+            eprintln!("rank {rank}: exiting on purpose");
+            std::process::exit(3);
+        }
+        let result = comm.barrier();
+        eprintln!("rank {rank}: barrier after losing rank {lost}: {result:?}");
+        return ExitCode::FAILURE;
+    }
+    match check(&comm) {
+        Ok(checks) => {
+            // The same operations through a communication thread.
+            let worker = CommWorker::spawn(comm);
+            let pending = worker.submit(|c| {
+                let mut data = vec![1.0f32; 5];
+                c.all_reduce(&mut data, ReduceOp::Sum).map(|_| data)
+            });
+            match pending.wait() {
+                Ok(t) if t.value == vec![world as f32; 5] => {
+                    println!("rank {rank}/{world}: all {} checks passed", checks + 1);
+                    ExitCode::SUCCESS
+                }
+                other => {
+                    eprintln!("rank {rank}: CommWorker all_reduce failed: {other:?}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(what) => {
+            eprintln!("rank {rank}/{world}: MISMATCH in {what}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The MPI backend: one rank per process, across machines (`mpirun -np N`).
+//!
+//! MPI communicators are not `Send`, and MPI is initialised once per process. So one thread
+//! owns MPI: it initialises it (`MPI_THREAD_MULTIPLE`), runs the operations this rank submits
+//! in order, and finalises it when the communicator is dropped. Callers wait for each result
+//! with the configured timeout. MPI collectives cannot be cancelled, so a timeout aborts the
+//! whole job (`MPI_Abort`): every other rank is terminated by the launcher instead of waiting
+//! forever, and this rank gets the error first.
+//!
+//! Half-precision buffers travel as `f32` (MPI has no half type and user-defined reductions
+//! would need libffi); `f32` reductions use MPI's own `MPI_SUM`/`MAX`/`MIN`.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{RecvTimeoutError, Sender};
+use mpi::collective::SystemOperation;
+use mpi::topology::{Communicator as _, SimpleCommunicator};
+use mpi::traits::{CommunicatorCollectives, Destination, Root, Source};
+
+use crate::element::narrow_into;
+use crate::{CommElement, CommError, ReduceBuffer, ReduceOp};
+
+type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
+
+/// This process's rank of the MPI world.
+#[derive(Debug)]
+pub struct MpiCommunicator {
+    rank: usize,
+    world_size: usize,
+    timeout: Duration,
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MpiCommunicator {
+    /// Initialises MPI on a dedicated thread and joins the world communicator.
+    ///
+    /// Fails if MPI was already initialised in this process.
+    pub fn world(timeout: Duration) -> Result<crate::Communicator, CommError> {
+        let (jobs, receive_jobs) = crossbeam_channel::unbounded::<Job>();
+        let (ready, started) = crossbeam_channel::bounded(1);
+        let thread = std::thread::Builder::new()
+            .name("kiln-mpi".into())
+            .spawn(move || {
+                let Some((universe, _threading)) =
+                    mpi::initialize_with_threading(mpi::Threading::Multiple)
+                else {
+                    let _ = ready.send(None);
+                    return;
+                };
+                let world = universe.world();
+                let _ = ready.send(Some((world.rank() as usize, world.size() as usize)));
+                while let Ok(job) = receive_jobs.recv() {
+                    job(&world);
+                }
+                // `universe` drops here: MPI_Finalize, on the thread that initialised MPI.
+            })
+            .map_err(|e| init_error(format!("cannot spawn the MPI thread: {e}")))?;
+        let (rank, world_size) = started.recv().ok().flatten().ok_or_else(|| {
+            init_error("MPI could not be initialised (already initialised in this process?)".into())
+        })?;
+        Ok(crate::Communicator::Mpi(Self {
+            rank,
+            world_size,
+            timeout,
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }))
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the world.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The timeout of every operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs `op` on the MPI thread and waits for its result.
+    fn call<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        op: impl FnOnce(&SimpleCommunicator) -> T + Send + 'static,
+    ) -> Result<T, CommError> {
+        let (reply, result) = crossbeam_channel::bounded(1);
+        let job: Job = Box::new(move |world| {
+            let _ = reply.send(op(world));
+        });
+        let lost = || CommError::PeerLost {
+            op: name,
+            rank: self.rank,
+            peer: self.rank,
+            reason: "the MPI thread stopped".into(),
+        };
+        self.jobs
+            .as_ref()
+            .ok_or_else(lost)?
+            .send(job)
+            .map_err(|_| lost())?;
+        match result.recv_timeout(self.timeout) {
+            Ok(value) => Ok(value),
+            Err(RecvTimeoutError::Disconnected) => Err(lost()),
+            Err(RecvTimeoutError::Timeout) => {
+                let err = CommError::Timeout {
+                    op: name,
+                    rank: self.rank,
+                    waited: self.timeout,
+                };
+                self.abort(err.to_string());
+                Err(err)
+            }
+        }
+    }
+
+    fn reduce_f32(
+        &self,
+        name: &'static str,
+        data: Vec<f32>,
+        op: ReduceOp,
+    ) -> Result<Vec<f32>, CommError> {
+        let world = self.world_size;
+        self.call(name, move |comm| {
+            let mut out = vec![0.0f32; data.len()];
+            match op {
+                ReduceOp::Sum | ReduceOp::Mean => {
+                    comm.all_reduce_into(&data[..], &mut out[..], SystemOperation::sum())
+                }
+                ReduceOp::Max => {
+                    comm.all_reduce_into(&data[..], &mut out[..], SystemOperation::max())
+                }
+                ReduceOp::Min => {
+                    comm.all_reduce_into(&data[..], &mut out[..], SystemOperation::min())
+                }
+            }
+            op.finish(&mut out, world);
+            out
+        })
+    }
+
+    /// All-reduce in place (halves are reduced in `f32`).
+    pub fn all_reduce<T: CommElement>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let wide = data.iter().map(|v| v.to_f32()).collect();
+        let out = self.reduce_f32("all_reduce", wide, op)?;
+        narrow_into(data, &out);
+        Ok(())
+    }
+
+    /// All-reduce of a [`ReduceBuffer`] (no zero-copy benefit across processes).
+    pub fn all_reduce_buffer(
+        &self,
+        buffer: &mut ReduceBuffer,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let mut flat = vec![0.0; buffer.len()];
+        buffer.copy_to(&mut flat);
+        let out = self.reduce_f32("all_reduce_buffer", flat, op)?;
+        buffer.copy_from(&out);
+        Ok(())
+    }
+
+    /// Broadcast from `root`.
+    pub fn broadcast<T: CommElement>(&self, data: &mut [T], root: usize) -> Result<(), CommError> {
+        self.check_rank("broadcast", root)?;
+        let mut wide: Vec<f32> = data.iter().map(|v| v.to_f32()).collect();
+        let out = self.call("broadcast", move |comm| {
+            comm.process_at_rank(root as i32)
+                .broadcast_into(&mut wide[..]);
+            wide
+        })?;
+        narrow_into(data, &out);
+        Ok(())
+    }
+
+    /// All-gather in rank order.
+    pub fn all_gather<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), CommError> {
+        if output.len() != self.world_size * input.len() {
+            return Err(self.invalid(
+                "all_gather",
+                format!(
+                    "output has {} elements, expected {} × {}",
+                    output.len(),
+                    self.world_size,
+                    input.len()
+                ),
+            ));
+        }
+        let wide: Vec<f32> = input.iter().map(|v| v.to_f32()).collect();
+        let len = output.len();
+        let out = self.call("all_gather", move |comm| {
+            let mut out = vec![0.0f32; len];
+            comm.all_gather_into(&wide[..], &mut out[..]);
+            out
+        })?;
+        narrow_into(output, &out);
+        Ok(())
+    }
+
+    /// Reduce-scatter into equal parts.
+    pub fn reduce_scatter<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        if input.len() != self.world_size * output.len() {
+            return Err(self.invalid(
+                "reduce_scatter",
+                format!(
+                    "input has {} elements, expected {} × {}",
+                    input.len(),
+                    self.world_size,
+                    output.len()
+                ),
+            ));
+        }
+        let wide: Vec<f32> = input.iter().map(|v| v.to_f32()).collect();
+        let (len, world) = (output.len(), self.world_size);
+        let out = self.call("reduce_scatter", move |comm| {
+            let mut out = vec![0.0f32; len];
+            match op {
+                ReduceOp::Sum | ReduceOp::Mean => {
+                    comm.reduce_scatter_block_into(&wide[..], &mut out[..], SystemOperation::sum())
+                }
+                ReduceOp::Max => {
+                    comm.reduce_scatter_block_into(&wide[..], &mut out[..], SystemOperation::max())
+                }
+                ReduceOp::Min => {
+                    comm.reduce_scatter_block_into(&wide[..], &mut out[..], SystemOperation::min())
+                }
+            }
+            op.finish(&mut out, world);
+            out
+        })?;
+        narrow_into(output, &out);
+        Ok(())
+    }
+
+    /// Barrier.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        self.call("barrier", |comm| comm.barrier())
+    }
+
+    /// Sends to `dst` (blocks the MPI thread until MPI has taken the message).
+    pub fn send<T: CommElement>(&self, data: &[T], dst: usize) -> Result<(), CommError> {
+        self.check_rank("send", dst)?;
+        let wide: Vec<f32> = data.iter().map(|v| v.to_f32()).collect();
+        self.call("send", move |comm| {
+            comm.process_at_rank(dst as i32).send(&wide[..])
+        })
+    }
+
+    /// Receives from `src`; the lengths must match.
+    pub fn recv<T: CommElement>(&self, data: &mut [T], src: usize) -> Result<(), CommError> {
+        self.check_rank("recv", src)?;
+        let len = data.len();
+        let (out, count) = self.call("recv", move |comm| {
+            let mut out = vec![0.0f32; len];
+            let status = comm.process_at_rank(src as i32).receive_into(&mut out[..]);
+            (out, status.count(f32::equivalent_datatype()) as usize)
+        })?;
+        if count != len {
+            return Err(self.invalid(
+                "recv",
+                format!("rank {src} sent {count} elements, expected {len}"),
+            ));
+        }
+        narrow_into(data, &out);
+        Ok(())
+    }
+
+    /// Terminates every process of the job (`MPI_Abort`) after printing `reason`.
+    pub fn abort(&self, reason: impl Into<String>) {
+        abort_job(self.rank, &reason.into());
+    }
+
+    fn check_rank(&self, op: &'static str, peer: usize) -> Result<(), CommError> {
+        if peer < self.world_size {
+            Ok(())
+        } else {
+            Err(self.invalid(
+                op,
+                format!("rank {peer} is outside the world of {}", self.world_size),
+            ))
+        }
+    }
+
+    fn invalid(&self, op: &'static str, detail: String) -> CommError {
+        CommError::InvalidArgument {
+            op,
+            rank: self.rank,
+            detail,
+        }
+    }
+}
+
+use mpi::datatype::Equivalence as _;
+
+/// `MPI_Abort` on the world: the launcher terminates every rank.
+pub(crate) fn abort_job(rank: usize, reason: &str) -> ! {
+    eprintln!("kiln: rank {rank} aborts the MPI job: {reason}");
+    SimpleCommunicator::world().abort(1)
+}
+
+fn init_error(detail: String) -> CommError {
+    CommError::InvalidArgument {
+        op: "mpi_init",
+        rank: 0,
+        detail,
+    }
+}
+
+impl Drop for MpiCommunicator {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
