@@ -3,6 +3,7 @@
 //! A pure-Rust deep-learning training framework on [Burn](https://burn.dev) with parallelism
 //! built in. This facade re-exports kiln's crates:
 //!
+//! - [`amp`] — automatic mixed precision: f16/bf16 compute, f32 master weights, loss scaling.
 //! - [`core`] — model segments, device names, seeding.
 //! - [`comm`] — collectives (all-reduce, broadcast, all-gather, reduce-scatter, send/recv)
 //!   with timeouts instead of hangs.
@@ -20,6 +21,7 @@
 pub struct ReadmeDoctests;
 
 pub use burn;
+pub use kiln_amp as amp;
 pub use kiln_comm as comm;
 pub use kiln_core as core;
 pub use kiln_data as data;

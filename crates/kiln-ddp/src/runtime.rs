@@ -234,6 +234,12 @@ impl Replica {
         &self.comm
     }
 
+    /// A shared handle on the communication thread, for steps that keep it (e.g.
+    /// `kiln_amp::AmpStep::data_parallel`).
+    pub fn comm_handle(&self) -> Arc<CommWorker> {
+        Arc::clone(&self.comm)
+    }
+
     /// Replaces the module's parameters and buffers with rank 0's, so that every replica
     /// starts identical.
     pub fn broadcast_module<M: Module>(&self, module: M) -> Result<M, TrainError> {

@@ -4,9 +4,22 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::activation::relu;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor};
 
 use crate::BlockKind;
+
+/// Applies `bn` in its own precision: under mixed precision batch norm may stay f32 while the
+/// convolutions run in f16/bf16, so the input is cast to the layer's dtype and back.
+pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    let layer = bn.gamma.val().dtype();
+    let input = x.dtype();
+    if input == layer {
+        bn.forward(x)
+    } else {
+        bn.forward(x.cast(FloatDType::from(layer)))
+            .cast(FloatDType::from(input))
+    }
+}
 
 /// torchvision's convolution initialiser: Kaiming normal, fan-out, ReLU gain.
 pub(crate) fn conv_initializer() -> Initializer {
@@ -44,7 +57,7 @@ impl Downsample {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        self.bn.forward(self.conv.forward(x))
+        norm(&self.bn, self.conv.forward(x))
     }
 }
 
@@ -94,8 +107,8 @@ impl BasicBlock {
 
     /// Applies the block.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = relu(norm(&self.bn1, self.conv1.forward(x.clone())));
+        let out = norm(&self.bn2, self.conv2.forward(out));
         relu(out + skip(&self.downsample, x))
     }
 }
@@ -136,9 +149,9 @@ impl Bottleneck {
 
     /// Applies the block.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
-        let out = relu(self.bn2.forward(self.conv2.forward(out)));
-        let out = self.bn3.forward(self.conv3.forward(out));
+        let out = relu(norm(&self.bn1, self.conv1.forward(x.clone())));
+        let out = relu(norm(&self.bn2, self.conv2.forward(out)));
+        let out = norm(&self.bn3, self.conv3.forward(out));
         relu(out + skip(&self.downsample, x))
     }
 }

@@ -2,7 +2,7 @@
 
 use burn::module::{Module, ModuleVisitor};
 use burn::nn::Linear;
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 use kiln_core::{SegmentId, Segmented};
 
 use crate::block::ResidualBlock;
@@ -36,10 +36,16 @@ impl ResNet {
     }
 
     fn head(&self, x: Tensor<4>) -> Tensor<2> {
-        // Global average pooling as a mean over the spatial axes.
+        // Global average pooling as a mean over the spatial axes, accumulated in f32 under
+        // mixed precision, then back to the classifier's precision.
         let [batch, channels, _, _] = x.dims();
-        let pooled = x.flatten::<3>(2, 3).mean_dim(2).reshape([batch, channels]);
-        self.fc.forward(pooled)
+        let dtype = self.fc.weight.val().dtype();
+        let pooled = x
+            .cast(FloatDType::F32)
+            .flatten::<3>(2, 3)
+            .mean_dim(2)
+            .reshape([batch, channels]);
+        self.fc.forward(pooled.cast(FloatDType::from(dtype)))
     }
 }
 

@@ -51,7 +51,7 @@ impl Stem {
 
     /// `[batch, in_channels, h, w]` → `[batch, width, h', w']`.
     pub fn forward(&self, input: Tensor<4>) -> Tensor<4> {
-        let x = relu(self.bn.forward(self.conv.forward(input)));
+        let x = relu(crate::block::norm(&self.bn, self.conv.forward(input)));
         match &self.pool {
             Some(pool) => pool.forward(x),
             None => x,
