@@ -10,6 +10,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Counts allocations so that benchmarks can report peak memory (CPU backends allocate
+/// tensors through the global allocator).
+#[global_allocator]
+pub static PEAK: peak_alloc::PeakAlloc = peak_alloc::PeakAlloc;
+
 #[derive(Parser)]
 #[command(about = "kiln developer tasks")]
 struct Cli {
@@ -29,7 +34,7 @@ pub struct BenchArgs {
     /// Smaller sizes and fewer repetitions (the CI smoke run; a few minutes on 2 cores).
     #[arg(long)]
     pub quick: bool,
-    /// Run only these benchmarks (collectives, ddp, overhead, loader).
+    /// Run only these benchmarks (collectives, overhead, ddp, loader, amp).
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
     /// Devices for the training benchmarks (one replica each; default CPU replicas).

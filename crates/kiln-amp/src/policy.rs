@@ -28,7 +28,9 @@ impl Default for AmpPolicy {
 }
 
 impl AmpPolicy {
-    /// A policy that casts every trainable parameter.
+    /// A policy that casts every trainable parameter. Buffers (such as batch-norm running
+    /// statistics) are never cast, so use it only for models without them: a batch-norm layer
+    /// would otherwise mix half-precision weights with f32 statistics.
     pub fn cast_everything() -> Self {
         Self { keep: Vec::new() }
     }

@@ -3,6 +3,7 @@
 //! Every benchmark measures its figure and the baseline it is judged against in the same run
 //! (machines here are noisy), repeats, and reports the median and spread.
 
+mod amp;
 mod collectives;
 mod ddp;
 mod loader;
@@ -36,11 +37,12 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 4] = [
+const SUITE: [(&str, Bench); 5] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
     ("loader", loader::run),
+    ("amp", amp::run),
 ];
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
