@@ -16,11 +16,12 @@ use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
+use kiln::amp::{AmpStats, AmpStep, Precision};
 use kiln::core::{DeviceSpec, fingerprint, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
 use kiln::ddp::{Compression, DataParallel, DdpConfig, Replica, SyncMode, SyncStats};
-use kiln::resnet::{ResNetConfig, StemKind};
-use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
+use kiln::resnet::{ResNet, ResNetConfig, StemKind};
+use kiln::train::{GradientStep, LrSchedule, TrainError, TrainReport, Trainer};
 
 /// Train a ResNet with kiln.
 #[derive(Parser, Debug)]
@@ -65,6 +66,10 @@ struct Args {
     /// ZeRO-1: shard optimizer state over replicas.
     #[arg(long)]
     zero1: bool,
+    /// Compute precision: f32, or mixed precision with f16 (loss-scaled) or bf16 compute and
+    /// f32 master weights.
+    #[arg(long, default_value = "f32")]
+    amp: String,
     /// How replicas communicate: `local` (threads of this process, one per --devices entry)
     /// or `mpi` (one process per replica under mpirun; needs `--features mpi`).
     #[arg(long, default_value = "local")]
@@ -109,7 +114,8 @@ struct Setup {
 struct Outcome {
     rank: usize,
     report: TrainReport,
-    stats: SyncStats,
+    sync: Option<SyncStats>,
+    amp: Option<AmpStats>,
     fingerprint: u64,
 }
 
@@ -180,29 +186,40 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
 
     for outcome in &outcomes {
-        let (report, stats) = (&outcome.report, &outcome.stats);
+        let report = &outcome.report;
         let images: f64 = report
             .epochs
             .iter()
             .map(|e| e.images_per_sec * e.elapsed.as_secs_f64())
             .sum();
         let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
-        println!(
-            "replica {}: {:.0} img/s | sync: {:.1} MB/step in {} buckets, exposed {:.1}% of compute, {:.0}% of communication hidden",
+        let mut line = format!(
+            "replica {}: {:.0} img/s",
             outcome.rank,
-            images / secs.max(1e-9),
-            stats.bytes as f64 / stats.steps.max(1) as f64 / 1e6,
-            stats.buckets / stats.steps.max(1),
-            100.0 * stats.overhead(),
-            100.0 * stats.hidden_fraction()
+            images / secs.max(1e-9)
         );
-        if let Some((owned, total)) = stats.optimizer_shard {
-            println!(
-                "replica {}: ZeRO-1 optimizer state for {owned} of {total} parameters ({:.0}% saved)",
-                outcome.rank,
-                100.0 * (1.0 - owned as f64 / total as f64)
+        if let Some(stats) = &outcome.sync {
+            line += &format!(
+                " | sync: {:.1} MB/step in {} buckets, exposed {:.1}% of compute, {:.0}% of communication hidden",
+                stats.bytes as f64 / stats.steps.max(1) as f64 / 1e6,
+                stats.buckets / stats.steps.max(1),
+                100.0 * stats.overhead(),
+                100.0 * stats.hidden_fraction()
+            );
+            if let Some((owned, total)) = stats.optimizer_shard {
+                line += &format!(
+                    " | ZeRO-1: optimizer state for {owned} of {total} parameters ({:.0}% saved)",
+                    100.0 * (1.0 - owned as f64 / total as f64)
+                );
+            }
+        }
+        if let Some(amp) = &outcome.amp {
+            line += &format!(
+                " | AMP {}: loss scale {}, {} of {} steps skipped",
+                args.amp, amp.scale, amp.skipped, amp.steps
             );
         }
+        println!("{line}");
         if outcome.rank == 0 {
             println!("final parameters fingerprint: {:016x}", outcome.fingerprint);
         }
@@ -285,12 +302,23 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init();
-    let step = if args.no_overlap {
-        replica.gradient_step()
+    let precision: Precision = args
+        .amp
+        .parse()
+        .map_err(|e: kiln::amp::PrecisionParseError| TrainError::Config(e.to_string()))?;
+    let (step, sync, amp): (Box<dyn GradientStep<ResNet>>, _, _) = if precision == Precision::F32 {
+        let step = if args.no_overlap {
+            replica.gradient_step()
+        } else {
+            replica.overlapped_step()
+        };
+        let stats = step.stats();
+        (Box::new(step), Some(stats), None)
     } else {
-        replica.overlapped_step()
+        let step = AmpStep::new(precision).data_parallel(replica.comm_handle());
+        let stats = step.stats();
+        (Box::new(step), None, Some(stats))
     };
-    let stats = step.stats();
     let mut builder = Trainer::builder(model, optimizer)
         .gradient_step(step)
         .schedule(schedule)
@@ -312,11 +340,13 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         None => builder.epochs(args.epochs),
     };
     let (model, report) = builder.build()?.fit()?;
-    let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
+    let sync = sync.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
+    let amp = amp.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(Outcome {
         rank: replica.rank(),
         report,
-        stats,
+        sync,
+        amp,
         fingerprint: fingerprint(&model),
     })
 }

@@ -107,3 +107,24 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
         Ok(accumulator.finish(model))
     }
 }
+
+/// A boxed step is a step, so a program can choose one at run time
+/// (`Box<dyn GradientStep<M>>`).
+impl<M: ImageClassifier, S: GradientStep<M> + ?Sized> GradientStep<M> for Box<S> {
+    fn gradients(
+        &mut self,
+        model: &M,
+        batches: Vec<ImageBatch>,
+        step: usize,
+    ) -> Result<StepOutput, TrainError> {
+        (**self).gradients(model, batches, step)
+    }
+
+    fn after_update(&mut self, model: M, step: usize) -> Result<M, TrainError> {
+        (**self).after_update(model, step)
+    }
+
+    fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
+        (**self).before_eval(model)
+    }
+}
