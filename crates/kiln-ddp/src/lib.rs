@@ -15,6 +15,7 @@
 //! - **Exact large-batch semantics.** Gradients are weighted by each replica's sample count,
 //!   so N replicas (even with uneven batch sizes) update exactly like one replica on the
 //!   union of their batches; gradient accumulation syncs once per optimizer step.
+//!   [`Replica::split_batch`] sizes each replica's batch by its measured throughput.
 //! - **Compression** to f16/bf16 on the wire ([`Compression`]), **local SGD**
 //!   ([`SyncMode::LocalSgd`]), batch-norm statistics averaged before every evaluation, and
 //!   a **divergence check** that names the first parameter that differs.
@@ -22,6 +23,7 @@
 //!   reduce-scattered and parameters all-gathered.
 #![warn(missing_docs)]
 
+mod balance;
 mod config;
 mod error;
 mod pass;
@@ -31,6 +33,7 @@ mod step;
 mod sync;
 mod zero;
 
+pub use balance::BatchSplit;
 pub use config::{Compression, DdpConfig, SyncMode};
 pub use error::DdpError;
 pub use plan::BucketPlan;

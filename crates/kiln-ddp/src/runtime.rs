@@ -234,6 +234,23 @@ impl Replica {
         &self.comm
     }
 
+    /// Splits `global_batch` over the replicas in proportion to each one's measured
+    /// throughput (pass this replica's samples/s, e.g. from a few probe steps): fast devices
+    /// get larger batches, so no replica waits for a slow one. Use the result's batch for
+    /// this rank and [`BatchSplit::weights`](crate::BatchSplit::weights) as the loader's
+    /// `shard_weights`.
+    pub fn split_batch(
+        &self,
+        my_throughput: f64,
+        global_batch: usize,
+    ) -> Result<crate::BatchSplit, TrainError> {
+        Ok(crate::balance::split_batch(
+            &self.comm,
+            my_throughput,
+            global_batch,
+        )?)
+    }
+
     /// A shared handle on the communication thread, for steps that keep it (e.g.
     /// `kiln_amp::AmpStep::data_parallel`).
     pub fn comm_handle(&self) -> Arc<CommWorker> {

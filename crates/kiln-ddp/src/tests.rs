@@ -538,3 +538,56 @@ fn zero1_shards_optimizer_state_and_matches_single_device() {
     setup.config.zero1 = true;
     assert_close(&replicated(&setup), &reference, 1e-5, "ZeRO-1, 3 replicas");
 }
+
+#[test]
+fn measured_throughput_sizes_batches_and_training_stays_exact() {
+    // Replica 1 "measures" three times replica 0's speed: it gets three times the batch, and
+    // the run equals one device on the union of each step's samples.
+    let splits = DataParallel::new(vec![Device::flex(); 2])
+        .run(|replica| replica.split_batch(if replica.rank() == 0 { 100.0 } else { 300.0 }, 8))
+        .unwrap();
+    assert!(
+        splits
+            .iter()
+            .all(|s| s.batches == vec![2, 6] && s.throughput == vec![100.0, 300.0])
+    );
+    let weights = splits[0].weights();
+    let per_rank: Vec<Vec<Vec<usize>>> = (0..2)
+        .map(|rank| {
+            DataLoader::builder(data())
+                .batch_size(splits[0].batches[rank])
+                .shuffle(4)
+                .shard(rank, 2)
+                .shard_weights(weights.clone())
+                .build()
+                .batch_indices(0)
+        })
+        .collect();
+    let order: Vec<usize> = (0..STEPS)
+        .flat_map(|s| {
+            per_rank[0][s]
+                .iter()
+                .chain(&per_rank[1][s])
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let reference = single(
+        Concatenated {
+            inner: data(),
+            order,
+        },
+        8,
+        1,
+        false,
+    );
+    let mut setup = Setup::new(2, 0);
+    setup.weights = Some(weights);
+    setup.batches = Some(splits[0].batches.clone());
+    assert_close(
+        &replicated(&setup),
+        &reference,
+        1e-5,
+        "throughput-balanced 2 + 6",
+    );
+}
