@@ -169,13 +169,7 @@ impl<M: ImageClassifier> GradientStep<M> for AmpStep {
         };
         let grads = if apply {
             flat.iter_mut().for_each(|g| *g /= total);
-            let device = model
-                .devices()
-                .first()
-                .cloned()
-                .unwrap_or_default()
-                .without_autodiff();
-            grads_from_flat(model, &layout, &flat[..layout.len()], &device)
+            grads_from_flat(model, &layout, &flat[..layout.len()])
         } else {
             // No gradients: the optimizer leaves parameters and its state untouched.
             GradientsParams::new()

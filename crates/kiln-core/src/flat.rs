@@ -147,13 +147,19 @@ impl ModuleVisitor for GradWriter<'_> {
     }
 }
 
-/// Builds `GradientsParams` for every parameter of `layout` from `flat`, on `device`.
+/// Builds `GradientsParams` for every parameter of `layout` from `flat`, on the device the
+/// optimizer expects them: the module's device, without autodiff.
 pub fn grads_from_flat<M: Module>(
     module: &M,
     layout: &FlatLayout,
     flat: &[f32],
-    device: &Device,
 ) -> GradientsParams {
+    let device = module
+        .devices()
+        .first()
+        .cloned()
+        .unwrap_or_default()
+        .without_autodiff();
     struct Reader<'a> {
         layout: &'a FlatLayout,
         flat: &'a [f32],
@@ -175,7 +181,7 @@ pub fn grads_from_flat<M: Module>(
     let mut reader = Reader {
         layout,
         flat,
-        device,
+        device: &device,
         out: GradientsParams::new(),
     };
     module.visit(&mut reader);

@@ -178,13 +178,7 @@ impl<M: ImageClassifier> DdpStep<M> {
         let mut mine = reduced.value;
         let scale = 1.0 / mine[region - 1].max(1.0);
         mine.iter_mut().for_each(|g| *g *= scale);
-        let device = model
-            .devices()
-            .first()
-            .cloned()
-            .unwrap_or_default()
-            .without_autodiff();
-        let grads = grads_from_flat(model, &zero.owned, &mine, &device);
+        let grads = grads_from_flat(model, &zero.owned, &mine);
         {
             let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             stats.steps += 1;
@@ -284,13 +278,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let exposed = wait_start.elapsed();
         let scale = 1.0 / total.max(1.0);
         flat.iter_mut().for_each(|g| *g *= scale);
-        let device = model
-            .devices()
-            .first()
-            .cloned()
-            .unwrap_or_default()
-            .without_autodiff();
-        let grads = grads_from_flat(model, plan.layout(), &flat, &device);
+        let grads = grads_from_flat(model, plan.layout(), &flat);
         {
             let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             stats.steps += 1;

@@ -302,22 +302,21 @@ impl ImageSource for Concatenated {
     }
 }
 
-#[test]
-fn uneven_batches_weighted_by_share_equal_one_large_batch() {
-    let weights = vec![1.0, 3.0];
-    let batches = vec![2, 6];
+/// The single-device reference for two replicas with `batches` and shard `weights`: each
+/// step's samples are rank 0's batch followed by rank 1's.
+fn union_reference(batches: &[usize], weights: &[f64]) -> Vec<Vec<f32>> {
     let per_rank: Vec<Vec<Vec<usize>>> = (0..2)
         .map(|rank| {
             DataLoader::builder(data())
                 .batch_size(batches[rank])
                 .shuffle(4)
                 .shard(rank, 2)
-                .shard_weights(weights.clone())
+                .shard_weights(weights.to_vec())
                 .build()
                 .batch_indices(0)
         })
         .collect();
-    let order: Vec<usize> = (0..STEPS)
+    let order = (0..STEPS)
         .flat_map(|s| {
             per_rank[0][s]
                 .iter()
@@ -326,15 +325,22 @@ fn uneven_batches_weighted_by_share_equal_one_large_batch() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    let reference = single(
+    single(
         Concatenated {
             inner: data(),
             order,
         },
-        8,
+        batches.iter().sum(),
         1,
         false,
-    );
+    )
+}
+
+#[test]
+fn uneven_batches_weighted_by_share_equal_one_large_batch() {
+    let weights = vec![1.0, 3.0];
+    let batches = vec![2, 6];
+    let reference = union_reference(&batches, &weights);
     let mut setup = Setup::new(2, 0);
     setup.weights = Some(weights);
     setup.batches = Some(batches);
@@ -552,35 +558,7 @@ fn measured_throughput_sizes_batches_and_training_stays_exact() {
             .all(|s| s.batches == vec![2, 6] && s.throughput == vec![100.0, 300.0])
     );
     let weights = splits[0].weights();
-    let per_rank: Vec<Vec<Vec<usize>>> = (0..2)
-        .map(|rank| {
-            DataLoader::builder(data())
-                .batch_size(splits[0].batches[rank])
-                .shuffle(4)
-                .shard(rank, 2)
-                .shard_weights(weights.clone())
-                .build()
-                .batch_indices(0)
-        })
-        .collect();
-    let order: Vec<usize> = (0..STEPS)
-        .flat_map(|s| {
-            per_rank[0][s]
-                .iter()
-                .chain(&per_rank[1][s])
-                .copied()
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let reference = single(
-        Concatenated {
-            inner: data(),
-            order,
-        },
-        8,
-        1,
-        false,
-    );
+    let reference = union_reference(&splits[0].batches, &weights);
     let mut setup = Setup::new(2, 0);
     setup.weights = Some(weights);
     setup.batches = Some(splits[0].batches.clone());

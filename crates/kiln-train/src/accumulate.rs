@@ -71,14 +71,8 @@ impl Accumulator {
     pub fn finish<M: ImageClassifier>(self, model: &M) -> StepOutput {
         let scale = 1.0 / self.samples.max(1) as f32;
         let flat: Vec<f32> = self.flat.iter().map(|g| g * scale).collect();
-        let device = model
-            .devices()
-            .first()
-            .cloned()
-            .unwrap_or_default()
-            .without_autodiff();
         StepOutput {
-            grads: grads_from_flat(model, &self.layout, &flat, &device),
+            grads: grads_from_flat(model, &self.layout, &flat),
             loss: (self.loss_sum / self.samples.max(1) as f64) as f32,
             correct: self.correct,
             samples: self.samples,
