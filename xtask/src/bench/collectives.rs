@@ -114,6 +114,13 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
             lines.push(line);
         }
     }
+    match mpi_figures(sizes_mb, reps) {
+        Ok((figures, mpi_lines)) => {
+            out.figures.extend(figures);
+            lines.extend(mpi_lines);
+        }
+        Err(why) => eprintln!("collectives: MPI figures skipped: {why}"),
+    }
     out.plots.push(Plot {
         file: "allreduce_bandwidth",
         title: "In-process all-reduce bus bandwidth / memcpy bandwidth",
@@ -123,4 +130,83 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         series: lines,
     });
     Ok(out)
+}
+
+/// Builds the MPI timing program and runs it under `mpirun` at 2 and 4 ranks, when Open MPI
+/// is installed. Each figure is divided by memcpy bandwidth measured here, in the same run.
+fn mpi_figures(sizes_mb: &[usize], reps: usize) -> Result<(Vec<Figure>, Vec<Series>), String> {
+    use std::process::Command;
+    let found = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        return Err("mpirun not found (install Open MPI)".into());
+    }
+    let build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "kiln-comm",
+            "--features",
+            "mpi",
+            "--example",
+            "mpi_bandwidth",
+        ])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !build.success() {
+        return Err("could not build the MPI timing program".into());
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let program = std::path::Path::new(&target).join("release/examples/mpi_bandwidth");
+    let (mut figures, mut lines) = (Vec::new(), Vec::new());
+    for world in [2, 4] {
+        let output = Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &world.to_string(),
+            ])
+            .arg(&program)
+            .arg(reps.to_string())
+            .args(sizes_mb.iter().map(|s| s.to_string()))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(format!(
+                "mpirun failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let mut line = Series {
+            name: format!("MPI, {world} ranks"),
+            points: Vec::new(),
+        };
+        for row in String::from_utf8_lossy(&output.stdout).lines() {
+            let cols: Vec<f64> = row
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            let [mb, median, min, max] = cols[..] else {
+                continue;
+            };
+            let bytes = (mb as usize) << 20;
+            let memcpy = memcpy_bandwidth(bytes, reps);
+            let bus = 2.0 * (world as f64 - 1.0) / world as f64 * bytes as f64 / median;
+            let name = format!("MPI {world} ranks {mb} MB");
+            let spread = (max - min) / median;
+            figures
+                .push(Figure::new(NAME, format!("{name} busbw"), bus / 1e9, "GB/s").spread(spread));
+            figures.push(
+                Figure::new(NAME, format!("{name} / memcpy"), bus / memcpy, "ratio").spread(spread),
+            );
+            line.points.push((mb, bus / memcpy));
+        }
+        lines.push(line);
+    }
+    Ok((figures, lines))
 }
