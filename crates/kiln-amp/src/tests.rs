@@ -30,8 +30,10 @@ fn data() -> SyntheticImages {
     SyntheticImages::new(512, 4, 2, [3, 8, 8]).with_noise(0.5)
 }
 
+/// Trainable parameters (the forward of a skipped step still updates batch-norm statistics,
+/// as in PyTorch).
 fn params<M: Module>(model: &M) -> Vec<f32> {
-    read_params(model, &FlatLayout::new(param_infos(model)))
+    read_params(model, &FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable)))
 }
 
 fn train(step: AmpStep, steps: usize) -> (ResNet, TrainReport) {

@@ -231,7 +231,13 @@ impl ModuleMapper for ParamWriter<'_> {
 }
 
 /// Flattens every float parameter and buffer of `module` (in visit order) into a buffer.
+///
+/// Burn's `RunningState` (batch-norm statistics) keeps each thread's latest update aside
+/// until the next forward or a `valid()`/`train()` switch, and visitors see only the settled
+/// value. Reading first settles it (a `valid()` copy, dropped at once, merges the pending
+/// updates into the shared state), so replicas compare and average their latest statistics.
 pub fn read_params<M: Module>(module: &M, layout: &FlatLayout) -> Vec<f32> {
+    drop(module.valid());
     let mut flat = vec![0.0; layout.len()];
     module.visit(&mut ParamReader {
         layout,
