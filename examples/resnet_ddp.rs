@@ -63,6 +63,14 @@ struct Args {
     /// All-reduce after the whole backward instead of overlapping it segment by segment.
     #[arg(long)]
     no_overlap: bool,
+    /// Gradient bucket cap in KiB (the first bucket is capped at a quarter of it). Smaller
+    /// buckets start communicating earlier during backward.
+    #[arg(long, default_value_t = 25 * 1024)]
+    bucket_kb: usize,
+    /// Size each replica's batch by its measured throughput (a few probe steps), keeping
+    /// --batch-size x replicas as the global batch.
+    #[arg(long)]
+    balance: bool,
     /// ZeRO-1: shard optimizer state over replicas.
     #[arg(long)]
     zero1: bool,
@@ -164,6 +172,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         compression,
         mode,
         zero1: args.zero1,
+        bucket_cap_bytes: args.bucket_kb << 10,
+        first_bucket_bytes: (args.bucket_kb << 10) / 4,
         ..DdpConfig::default()
     };
     let setup = Setup {
@@ -283,16 +293,34 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
             .init(&device)
     });
     let model = replica.broadcast_module(model)?;
-    let train_loader = DataLoader::builder(Arc::clone(&setup.train))
-        .batch_size(args.batch_size)
+    let (batch_size, weights) = if args.balance {
+        let split = replica.split_batch(
+            measure_throughput(&model, setup, args, &device)?,
+            args.batch_size * replica.world_size(),
+        )?;
+        if primary {
+            println!(
+                "balanced batches {:?} from measured {:?} img/s",
+                split.batches, split.throughput
+            );
+        }
+        (split.batches[replica.rank()], Some(split.weights()))
+    } else {
+        (args.batch_size, None)
+    };
+    let mut train_loader = DataLoader::builder(Arc::clone(&setup.train))
+        .batch_size(batch_size)
         .num_workers(args.workers)
         .prefetch(args.prefetch)
         .shuffle(args.seed)
         .drop_last(true)
         .shard(replica.rank(), replica.world_size())
         .transforms(setup.transforms.clone())
-        .device(device.clone())
-        .build();
+        .device(device.clone());
+    if let Some(weights) = weights {
+        train_loader = train_loader.shard_weights(weights);
+    }
+    let train_loader = train_loader.build();
     let steps_per_epoch = train_loader.num_batches() / args.accumulation;
     let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
     let schedule = LrSchedule::constant(args.lr)
@@ -349,4 +377,30 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         amp,
         fingerprint: fingerprint(&model),
     })
+}
+
+/// This replica's training throughput (images/s) over a few probe steps on its device.
+fn measure_throughput(
+    model: &ResNet,
+    setup: &Setup,
+    args: &Args,
+    device: &burn::tensor::Device,
+) -> Result<f64, TrainError> {
+    let mut probe = DataLoader::builder(Arc::clone(&setup.train))
+        .batch_size(args.batch_size)
+        .device(device.clone())
+        .build();
+    let batches: Vec<_> = probe.epoch(0).take(4).collect::<Result<_, _>>()?;
+    let mut timed = 0.0;
+    let mut images = 0;
+    for (i, batch) in batches.into_iter().enumerate() {
+        let size = batch.indices.len();
+        let start = std::time::Instant::now();
+        let _ = kiln::train::forward_backward(model, batch);
+        if i > 0 {
+            timed += start.elapsed().as_secs_f64();
+            images += size;
+        }
+    }
+    Ok(images as f64 / timed.max(1e-9))
 }

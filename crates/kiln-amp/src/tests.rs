@@ -33,7 +33,10 @@ fn data() -> SyntheticImages {
 /// Trainable parameters (the forward of a skipped step still updates batch-norm statistics,
 /// as in PyTorch).
 fn params<M: Module>(model: &M) -> Vec<f32> {
-    read_params(model, &FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable)))
+    read_params(
+        model,
+        &FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable)),
+    )
 }
 
 fn train(step: AmpStep, steps: usize) -> (ResNet, TrainReport) {
