@@ -79,7 +79,8 @@ struct Args {
     #[arg(long, default_value = "f32")]
     amp: String,
     /// How replicas communicate: `local` (threads of this process, one per --devices entry)
-    /// or `mpi` (one process per replica under mpirun; needs `--features mpi`).
+    /// or `mpi` (under mpirun: every process runs one replica per --devices entry; needs
+    /// `--features mpi`).
     #[arg(long, default_value = "local")]
     comm: String,
     /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
@@ -249,7 +250,8 @@ fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
     );
 }
 
-/// One replica per process under `mpirun`; this process trains on `devices[rank % len]`.
+/// Under `mpirun`: every process trains one replica per entry of `--devices` (processes ×
+/// local devices), MPI between processes and shared memory within each.
 #[cfg(feature = "mpi")]
 fn run_mpi(
     args: &Args,
@@ -257,18 +259,19 @@ fn run_mpi(
     devices: Vec<burn::tensor::Device>,
     config: DdpConfig,
 ) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
-    let comm = kiln::comm::MpiCommunicator::world(config.timeout)?;
-    let (rank, world) = (comm.rank(), comm.world_size());
-    if rank == 0 {
-        announce(args, setup, world, &format!("{world} MPI processes"));
+    let mpi = kiln::comm::MpiCommunicator::world(config.timeout)?;
+    let (process, processes) = (mpi.rank(), mpi.world_size());
+    let local = devices.len();
+    if process == 0 {
+        let placement = format!(
+            "{processes} MPI process(es) x {local} local device(s) ({})",
+            args.devices
+        );
+        announce(args, setup, processes * local, &placement);
     }
-    let device = devices[rank % devices.len()].clone();
-    Ok(vec![DataParallel::run_rank(
-        comm,
-        device,
-        config,
-        |replica| train_replica(replica, args, setup),
-    )?])
+    Ok(DataParallel::new(devices)
+        .config(config)
+        .run_mpi(mpi, |replica| train_replica(replica, args, setup))?)
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -38,7 +38,7 @@ fn reference(world: usize, len: usize, op: ReduceOp) -> Vec<f32> {
     acc
 }
 
-fn check(comm: &Communicator) -> Result<usize, String> {
+fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let mut checks = 0;
     let mut expect = |ok: bool, what: String| {
@@ -125,16 +125,18 @@ fn check(comm: &Communicator) -> Result<usize, String> {
         "bf16 all_reduce".into(),
     )?;
 
-    // Point to point around a ring.
-    comm.send(&input(rank, 13), (rank + 1) % world)
-        .map_err(|e| e.to_string())?;
-    let mut got = vec![0.0f32; 13];
-    comm.recv(&mut got, (rank + world - 1) % world)
-        .map_err(|e| e.to_string())?;
-    expect(
-        got == input((rank + world - 1) % world, 13),
-        "send/recv ring".into(),
-    )?;
+    // Point to point around a ring (the hybrid backend supports it within a process only).
+    if point_to_point {
+        comm.send(&input(rank, 13), (rank + 1) % world)
+            .map_err(|e| e.to_string())?;
+        let mut got = vec![0.0f32; 13];
+        comm.recv(&mut got, (rank + world - 1) % world)
+            .map_err(|e| e.to_string())?;
+        expect(
+            got == input((rank + world - 1) % world, 13),
+            "send/recv ring".into(),
+        )?;
+    }
     comm.barrier().map_err(|e| e.to_string())?;
     Ok(checks)
 }
@@ -147,10 +149,48 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let args: Vec<String> = std::env::args().collect();
+    // `--local L`: L replicas per process (hybrid backend), each checked in its own thread.
+    if let Some(local) = args
+        .iter()
+        .position(|a| a == "--local")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|l| l.parse::<usize>().ok())
+    {
+        let Communicator::Mpi(mpi) = comm else {
+            unreachable!("MpiCommunicator::world returns an MPI communicator")
+        };
+        let results: Vec<(usize, usize, Result<usize, String>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = kiln_comm::hybrid_group(mpi, local)
+                .into_iter()
+                .map(|comm| {
+                    scope.spawn(move || (comm.rank(), comm.world_size(), check(&comm, false)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("replica thread"))
+                .collect()
+        });
+        let mut ok = true;
+        for (rank, world, result) in results {
+            match result {
+                Ok(checks) => println!("rank {rank}/{world} (hybrid): all {checks} checks passed"),
+                Err(what) => {
+                    eprintln!("rank {rank}/{world} (hybrid): MISMATCH in {what}");
+                    ok = false;
+                }
+            }
+        }
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let (rank, world) = (comm.rank(), comm.world_size());
     // `--lose-rank R`: rank R exits at once; the others must not hang in the barrier (the
     // launcher tears the job down), which CI checks with a bounded wait.
-    let args: Vec<String> = std::env::args().collect();
     if let Some(lost) = args
         .iter()
         .position(|a| a == "--lose-rank")
@@ -165,7 +205,7 @@ fn main() -> ExitCode {
         eprintln!("rank {rank}: barrier after losing rank {lost}: {result:?}");
         return ExitCode::FAILURE;
     }
-    match check(&comm) {
+    match check(&comm, true) {
         Ok(checks) => {
             // The same operations through a communication thread.
             let worker = CommWorker::spawn(comm);

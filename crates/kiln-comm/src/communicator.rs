@@ -16,6 +16,9 @@ pub enum Communicator {
     /// This process's rank of the MPI world (feature `mpi`).
     #[cfg(feature = "mpi")]
     Mpi(crate::MpiCommunicator),
+    /// One of several replicas of a process in an MPI world (feature `mpi`).
+    #[cfg(feature = "mpi")]
+    Hybrid(crate::HybridCommunicator),
 }
 
 macro_rules! dispatch {
@@ -24,6 +27,8 @@ macro_rules! dispatch {
             Communicator::InProcess($comm) => $call,
             #[cfg(feature = "mpi")]
             Communicator::Mpi($comm) => $call,
+            #[cfg(feature = "mpi")]
+            Communicator::Hybrid($comm) => $call,
         }
     };
 }
@@ -114,6 +119,8 @@ impl Communicator {
             Communicator::InProcess(c) => AbortTarget::InProcess(c.shared()),
             #[cfg(feature = "mpi")]
             Communicator::Mpi(_) => AbortTarget::Mpi,
+            #[cfg(feature = "mpi")]
+            Communicator::Hybrid(c) => AbortTarget::Hybrid(c.local_shared()),
         }
     }
 }
@@ -124,6 +131,8 @@ pub(crate) enum AbortTarget {
     InProcess(std::sync::Arc<crate::in_process::Shared>),
     #[cfg(feature = "mpi")]
     Mpi,
+    #[cfg(feature = "mpi")]
+    Hybrid(std::sync::Arc<crate::in_process::Shared>),
 }
 
 impl AbortTarget {
@@ -132,6 +141,11 @@ impl AbortTarget {
             AbortTarget::InProcess(shared) => shared.rendezvous.poison(rank, reason),
             #[cfg(feature = "mpi")]
             AbortTarget::Mpi => crate::mpi_backend::abort_job(rank, &reason),
+            #[cfg(feature = "mpi")]
+            AbortTarget::Hybrid(shared) => {
+                shared.rendezvous.poison(rank, reason.clone());
+                crate::mpi_backend::abort_job(rank, &reason)
+            }
         }
     }
 }

@@ -12,6 +12,8 @@
 //!   copies the reduced chunks back (all-gather).
 //! - `MpiCommunicator` (feature `mpi`): one rank per process over MPI (`mpirun`), across
 //!   machines; one thread owns MPI.
+//! - `HybridCommunicator` (feature `mpi`): several replicas per process (shared memory)
+//!   times several processes (MPI).
 //!
 //! [`CommWorker`] runs a rank's operations on a communication thread and hands back
 //! [`Pending`] results, so communication overlaps computation.
@@ -45,6 +47,8 @@ mod buffer;
 mod communicator;
 mod element;
 mod error;
+#[cfg(feature = "mpi")]
+mod hybrid;
 mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi_backend;
@@ -55,6 +59,8 @@ pub use buffer::ReduceBuffer;
 pub use communicator::Communicator;
 pub use element::CommElement;
 pub use error::CommError;
+#[cfg(feature = "mpi")]
+pub use hybrid::{HybridCommunicator, hybrid_group};
 pub use in_process::{InProcessCommunicator, InProcessGroup};
 #[cfg(feature = "mpi")]
 pub use mpi_backend::MpiCommunicator;

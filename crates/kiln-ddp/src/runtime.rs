@@ -93,17 +93,52 @@ impl DataParallel {
         let comms = InProcessGroup::new(self.devices.len())
             .timeout(self.config.timeout)
             .build();
+        self.run_communicators(comms, train)
+    }
+
+    /// Runs `train` on this process's replicas of a multi-process world (`mpi` is
+    /// [`MpiCommunicator::world`](kiln_comm::MpiCommunicator::world)'s): one replica per
+    /// entry of this `DataParallel`'s devices, `mpi`'s processes between them (every process
+    /// must list the same number of devices). Global rank = process × local replicas + local
+    /// rank. Launch it under `mpirun`, one process per machine (or per socket).
+    #[cfg(feature = "mpi")]
+    pub fn run_mpi<R, F>(&self, mpi: kiln_comm::Communicator, train: F) -> Result<Vec<R>, DdpError>
+    where
+        R: Send,
+        F: Fn(Replica) -> Result<R, TrainError> + Sync,
+    {
+        if self.devices.is_empty() {
+            return Err(DdpError::Config("at least one device is needed".into()));
+        }
+        let kiln_comm::Communicator::Mpi(mpi) = mpi else {
+            return Err(DdpError::Config(
+                "run_mpi needs `MpiCommunicator::world()`'s communicator".into(),
+            ));
+        };
+        self.run_communicators(kiln_comm::hybrid_group(mpi, self.devices.len()), train)
+    }
+
+    /// Runs one replica per communicator, on the matching device, in threads.
+    fn run_communicators<R, F>(
+        &self,
+        comms: Vec<kiln_comm::Communicator>,
+        train: F,
+    ) -> Result<Vec<R>, DdpError>
+    where
+        R: Send,
+        F: Fn(Replica) -> Result<R, TrainError> + Sync,
+    {
         let results: Vec<Result<R, DdpError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = comms
                 .into_iter()
                 .zip(&self.devices)
-                .enumerate()
-                .map(|(rank, (comm, device))| {
+                .map(|(comm, device)| {
+                    let (rank, world_size) = (comm.rank(), comm.world_size());
                     let comm = Arc::new(CommWorker::spawn(comm));
                     let abort = comm.abort_handle();
                     let replica = Replica {
                         rank,
-                        world_size: self.devices.len(),
+                        world_size,
                         device: device.clone(),
                         comm,
                         config: self.config.clone(),

@@ -1,0 +1,230 @@
+//! Processes × local devices: MPI between processes, shared memory within each.
+//!
+//! Every process runs `local_size` replicas in threads; the global rank is
+//! `process × local_size + local rank`. A collective first combines the local ranks through
+//! the in-process backend, then local rank 0 of every process runs the MPI collective, then
+//! the result is broadcast locally. Only local rank 0 talks to MPI, so MPI sees one rank per
+//! process, as it expects.
+
+use crate::{
+    CommElement, CommError, InProcessCommunicator, InProcessGroup, MpiCommunicator, ReduceBuffer,
+    ReduceOp,
+};
+
+/// One local replica of a process in a multi-process, multi-replica world.
+#[derive(Debug)]
+pub struct HybridCommunicator {
+    local: InProcessCommunicator,
+    /// The process's MPI rank, held by local rank 0 only.
+    mpi: Option<MpiCommunicator>,
+    process: usize,
+    processes: usize,
+}
+
+/// Splits this process's MPI rank into `local_size` replicas (every process must use the
+/// same `local_size`). Returns one communicator per local replica, in local-rank order.
+///
+/// # Panics
+/// If `local_size` is zero.
+pub fn hybrid_group(mpi: MpiCommunicator, local_size: usize) -> Vec<crate::Communicator> {
+    let (process, processes) = (mpi.rank(), mpi.world_size());
+    let mut mpi = Some(mpi);
+    let timeout = mpi
+        .as_ref()
+        .map(MpiCommunicator::timeout)
+        .unwrap_or(crate::DEFAULT_TIMEOUT);
+    InProcessGroup::new(local_size)
+        .timeout(timeout)
+        .build()
+        .into_iter()
+        .map(|comm| match comm {
+            crate::Communicator::InProcess(local) => {
+                crate::Communicator::Hybrid(HybridCommunicator {
+                    mpi: if local.rank() == 0 { mpi.take() } else { None },
+                    local,
+                    process,
+                    processes,
+                })
+            }
+            other => other,
+        })
+        .collect()
+}
+
+impl HybridCommunicator {
+    /// The global rank.
+    pub fn rank(&self) -> usize {
+        self.process * self.local.world_size() + self.local.rank()
+    }
+
+    /// Replicas in the world.
+    pub fn world_size(&self) -> usize {
+        self.processes * self.local.world_size()
+    }
+
+    /// The timeout of every operation.
+    pub fn timeout(&self) -> std::time::Duration {
+        self.local.timeout()
+    }
+
+    /// Runs `op` on local rank 0's MPI communicator; a failure poisons the local group so
+    /// the other local ranks stop waiting.
+    fn across<T>(
+        &self,
+        op: impl FnOnce(&MpiCommunicator) -> Result<T, CommError>,
+    ) -> Result<Option<T>, CommError> {
+        let Some(mpi) = &self.mpi else {
+            return Ok(None);
+        };
+        op(mpi)
+            .map(Some)
+            .inspect_err(|err| self.local.abort(format!("process {}: {err}", self.process)))
+    }
+
+    /// All-reduce: locally, across processes, then broadcast locally.
+    pub fn all_reduce<T: CommElement>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let partial = if op == ReduceOp::Mean {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        self.local.all_reduce(data, partial)?;
+        self.across(|mpi| mpi.all_reduce(data, partial))?;
+        self.local.broadcast(data, 0)?;
+        if op == ReduceOp::Mean {
+            let world = self.world_size() as f32;
+            data.iter_mut()
+                .for_each(|v| *v = T::from_f32(v.to_f32() / world));
+        }
+        Ok(())
+    }
+
+    /// All-reduce of a [`ReduceBuffer`].
+    pub fn all_reduce_buffer(
+        &self,
+        buffer: &mut ReduceBuffer,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let mut flat = vec![0.0f32; buffer.len()];
+        buffer.copy_to(&mut flat);
+        self.all_reduce(&mut flat, op)?;
+        buffer.copy_from(&flat);
+        Ok(())
+    }
+
+    /// Broadcast from global rank `root`.
+    pub fn broadcast<T: CommElement>(&self, data: &mut [T], root: usize) -> Result<(), CommError> {
+        let local_size = self.local.world_size();
+        if root >= self.world_size() {
+            return Err(CommError::InvalidArgument {
+                op: "broadcast",
+                rank: self.rank(),
+                detail: format!("rank {root} is outside the world of {}", self.world_size()),
+            });
+        }
+        // Within the root's process this brings the data to local rank 0; elsewhere it is
+        // harmless and keeps every process's local ranks in the same sequence of collectives.
+        self.local.broadcast(data, root % local_size)?;
+        self.across(|mpi| mpi.broadcast(data, root / local_size))?;
+        self.local.broadcast(data, 0)
+    }
+
+    /// All-gather in global-rank order.
+    pub fn all_gather<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), CommError> {
+        if output.len() != self.world_size() * input.len() {
+            return Err(CommError::InvalidArgument {
+                op: "all_gather",
+                rank: self.rank(),
+                detail: format!(
+                    "output has {} elements, expected {} × {}",
+                    output.len(),
+                    self.world_size(),
+                    input.len()
+                ),
+            });
+        }
+        let mut local = vec![T::from_f32(0.0); self.local.world_size() * input.len()];
+        self.local.all_gather(input, &mut local)?;
+        self.across(|mpi| mpi.all_gather(&local, output))?;
+        self.local.broadcast(output, 0)
+    }
+
+    /// Reduce-scatter (as an all-reduce followed by taking this rank's part).
+    pub fn reduce_scatter<T: CommElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        if input.len() != self.world_size() * output.len() {
+            return Err(CommError::InvalidArgument {
+                op: "reduce_scatter",
+                rank: self.rank(),
+                detail: format!(
+                    "input has {} elements, expected {} × {}",
+                    input.len(),
+                    self.world_size(),
+                    output.len()
+                ),
+            });
+        }
+        let mut full = input.to_vec();
+        self.all_reduce(&mut full, op)?;
+        let part = output.len();
+        output.copy_from_slice(&full[self.rank() * part..(self.rank() + 1) * part]);
+        Ok(())
+    }
+
+    /// Barrier over every replica of every process.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        self.local.barrier()?;
+        self.across(MpiCommunicator::barrier)?;
+        self.local.barrier()
+    }
+
+    /// Sends to a replica of the same process (across processes is not supported yet).
+    pub fn send<T: CommElement>(&self, data: &[T], dst: usize) -> Result<(), CommError> {
+        let local = self.same_process("send", dst)?;
+        self.local.send(data, local)
+    }
+
+    /// Receives from a replica of the same process (across processes is not supported yet).
+    pub fn recv<T: CommElement>(&self, data: &mut [T], src: usize) -> Result<(), CommError> {
+        let local = self.same_process("recv", src)?;
+        self.local.recv(data, local)
+    }
+
+    fn same_process(&self, op: &'static str, peer: usize) -> Result<usize, CommError> {
+        let local_size = self.local.world_size();
+        if peer / local_size == self.process {
+            Ok(peer % local_size)
+        } else {
+            Err(CommError::InvalidArgument {
+                op,
+                rank: self.rank(),
+                detail: format!(
+                    "rank {peer} is in another process; the hybrid backend supports point-to-point within a process only"
+                ),
+            })
+        }
+    }
+
+    /// Aborts: the local group is poisoned and the MPI job is aborted.
+    pub fn abort(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.local.abort(reason.clone());
+        crate::mpi_backend::abort_job(self.rank(), &reason);
+    }
+
+    pub(crate) fn local_shared(&self) -> std::sync::Arc<crate::in_process::Shared> {
+        self.local.shared()
+    }
+}
