@@ -187,7 +187,7 @@ impl DataParallel {
 
 impl DataParallel {
     /// Runs `train` as the one replica of this process, communicating through `comm`
-    /// (e.g. [`MpiCommunicator::world`](kiln_comm::MpiCommunicator) under `mpirun`: one
+    /// (e.g. `MpiCommunicator::world` with feature `mpi`, under `mpirun`: one
     /// process per device, possibly across machines). `device` is this replica's device.
     ///
     /// A failure aborts the group (under MPI: the whole job) so that no rank waits forever.
