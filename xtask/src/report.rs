@@ -117,10 +117,10 @@ impl Machine {
 /// Prints the aligned table.
 pub fn print_table(figures: &[Figure]) {
     println!(
-        "\n{:<12} {:<44} {:>12} {:<8} {:>8} {:>10} {:>4}",
+        "\n{:<12} {:<52} {:>12} {:<8} {:>8} {:>10} {:>4}",
         "bench", "figure", "value", "unit", "spread", "target", "met"
     );
-    println!("{}", "-".repeat(106));
+    println!("{}", "-".repeat(114));
     for f in figures {
         let spread = f
             .spread
@@ -131,7 +131,7 @@ pub fn print_table(figures: &[Figure]) {
             None => (String::new(), ""),
         };
         println!(
-            "{:<12} {:<44} {:>12.4} {:<8} {:>8} {:>10} {:>4}",
+            "{:<12} {:<52} {:>12.4} {:<8} {:>8} {:>10} {:>4}",
             f.bench, f.name, f.value, f.unit, spread, target, met
         );
     }

@@ -28,9 +28,10 @@ impl Default for AmpPolicy {
 }
 
 impl AmpPolicy {
-    /// A policy that casts every trainable parameter. Buffers (such as batch-norm running
-    /// statistics) are never cast, so use it only for models without them: a batch-norm layer
-    /// would otherwise mix half-precision weights with f32 statistics.
+    /// A policy that casts every trainable parameter: the most memory saved. Buffers (such
+    /// as batch-norm running statistics) are never cast, so a model's batch-norm layers must
+    /// accept half-precision weights with f32 statistics, as kiln's ResNet does (normalising
+    /// in half precision, accumulating running statistics in f32).
     pub fn cast_everything() -> Self {
         Self { keep: Vec::new() }
     }

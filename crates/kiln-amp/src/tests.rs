@@ -15,7 +15,7 @@ use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 use kiln_train::{LrSchedule, TrainReport, Trainer};
 
-use crate::{AmpStep, GradScaler, GradScalerConfig, Precision, module_dtypes};
+use crate::{AmpPolicy, AmpStep, GradScaler, GradScalerConfig, Precision, module_dtypes};
 
 fn model(device: &Device) -> ResNet {
     init_module(device, 3, || {
@@ -125,8 +125,13 @@ fn half_precision_training_reaches_the_f32_loss_with_f32_master_weights() {
         "f32 learns: {} -> {want}",
         full.losses()[0]
     );
-    for precision in [Precision::F16, Precision::Bf16] {
-        let step = AmpStep::new(precision);
+    let variants = [
+        (Precision::F16, AmpPolicy::default()),
+        (Precision::Bf16, AmpPolicy::default()),
+        (Precision::Bf16, AmpPolicy::cast_everything()),
+    ];
+    for (precision, policy) in variants {
+        let step = AmpStep::new(precision).with_policy(policy);
         let stats = step.stats();
         let (model, _) = train(step, steps);
         let got = valid(&model);

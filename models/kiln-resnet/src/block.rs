@@ -4,20 +4,50 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::activation::relu;
+use burn::tensor::module::{batch_norm, batch_norm_train};
 use burn::tensor::{Device, FloatDType, Tensor};
 
 use crate::BlockKind;
 
-/// Applies `bn` in its own precision: under mixed precision batch norm may stay f32 while the
-/// convolutions run in f16/bf16, so the input is cast to the layer's dtype and back.
+/// Applies `bn` under any mixed-precision policy.
+///
+/// - Everything in one dtype: the layer's own forward.
+/// - Layer kept f32, input in f16/bf16 (kiln-amp's default policy): the input is cast to
+///   f32 and the output back, so normalisation and its statistics are f32.
+/// - Layer cast to the input's half type, running statistics f32 (buffers are never cast;
+///   kiln-amp's `cast_everything`): normalisation runs in half precision, saving the f32
+///   copy of every activation, while the running statistics accumulate in f32.
 pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     let layer = bn.gamma.val().dtype();
+    let stats = bn.running_mean.value().dtype();
     let input = x.dtype();
-    if input == layer {
+    if input == layer && layer == stats {
         bn.forward(x)
-    } else {
+    } else if input != layer {
         bn.forward(x.cast(FloatDType::from(layer)))
             .cast(FloatDType::from(input))
+    } else {
+        half_norm(bn, x, FloatDType::from(stats))
+    }
+}
+
+/// Batch norm with half-precision weights and input and `stats`-typed running statistics.
+fn half_norm(bn: &BatchNorm, x: Tensor<4>, stats: FloatDType) -> Tensor<4> {
+    let half = FloatDType::from(x.dtype());
+    if x.device().is_autodiff() && bn.training.is_enabled() {
+        let result = batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
+        let m = bn.momentum;
+        let mean = bn.running_mean.value_sync().mul_scalar(1.0 - m)
+            + result.mean.detach().cast(stats).mul_scalar(m);
+        let var = bn.running_var.value_sync().mul_scalar(1.0 - m)
+            + result.variance.detach().cast(stats).mul_scalar(m);
+        bn.running_mean.update(mean.detach());
+        bn.running_var.update(var.detach());
+        result.output
+    } else {
+        let mean = bn.running_mean.value().cast(half);
+        let var = bn.running_var.value().cast(half);
+        batch_norm(x, bn.gamma.val(), bn.beta.val(), mean, var, bn.epsilon)
     }
 }
 
