@@ -243,3 +243,50 @@ fn amp_with_two_replicas_equals_amp_with_one_on_the_doubled_batch() {
 fn layout_of(model: &Plain) -> FlatLayout {
     FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable))
 }
+
+#[test]
+fn an_overflow_on_one_replica_skips_the_step_on_every_replica() {
+    let results = kiln_ddp::DataParallel::new(vec![Device::flex(); 2])
+        .run(|replica| {
+            let device = replica.train_device();
+            let model = replica.broadcast_module(Plain::new(&device))?;
+            let before = params(&model);
+            // Only replica 1 overflows (2^40 × its f16 gradients); replica 0's are finite.
+            let scale = if replica.rank() == 1 {
+                2f32.powi(40)
+            } else {
+                1024.0
+            };
+            let step = AmpStep::new(Precision::F16)
+                .with_scaler(GradScaler::new(GradScalerConfig {
+                    init_scale: scale,
+                    ..GradScalerConfig::default()
+                }))
+                .data_parallel(replica.comm_handle());
+            let stats = step.stats();
+            let loader = DataLoader::builder(data())
+                .batch_size(8)
+                .shard(replica.rank(), 2)
+                .device(device)
+                .build();
+            let (model, _) = Trainer::builder(model, SgdConfig::new().init())
+                .gradient_step(step)
+                .train_loader(loader)
+                .max_steps(1)
+                .progress(false)
+                .log_epochs(false)
+                .build()?
+                .fit()?;
+            let stats = *stats.lock().unwrap();
+            Ok((params(&model) == before, stats.skipped, stats.scale / scale))
+        })
+        .unwrap();
+    for (unchanged, skipped, scale_ratio) in results {
+        assert!(unchanged, "parameters unchanged on every replica");
+        assert_eq!(
+            (skipped, scale_ratio),
+            (1, 0.5),
+            "every replica skipped and halved its scale"
+        );
+    }
+}
