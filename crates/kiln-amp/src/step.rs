@@ -5,10 +5,7 @@ use std::sync::{Arc, Mutex};
 use burn::optim::GradientsParams;
 use burn::tensor::FloatDType;
 use kiln_comm::{CommWorker, ReduceBuffer, ReduceOp};
-use kiln_core::{
-    FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos, read_params,
-    write_params,
-};
+use kiln_core::{FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepOutput, TrainError, classification_loss, count_correct};
 
@@ -97,7 +94,7 @@ impl AmpStep {
     }
 
     /// All-reduces gradients through `comm` (one replica of a data-parallel run; see
-    /// `kiln_ddp::Replica::comm_handle`).
+    /// [`Replica::comm_handle`](kiln_ddp::Replica::comm_handle)).
     pub fn data_parallel(mut self, comm: Arc<CommWorker>) -> Self {
         self.comm = Some(comm);
         self
@@ -195,22 +192,9 @@ impl<M: ImageClassifier> GradientStep<M> for AmpStep {
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         // Data parallel: batch-norm running statistics differ per replica (each saw its own
         // shard); average them so every replica evaluates and checkpoints the same model.
-        let Some(comm) = &self.comm else {
-            return Ok(model);
-        };
-        let buffers = FlatLayout::new(param_infos(&model).into_iter().filter(|p| !p.trainable));
-        if buffers.is_empty() {
-            return Ok(model);
+        match &self.comm {
+            Some(comm) => Ok(kiln_ddp::average_buffers(comm, model)?),
+            None => Ok(model),
         }
-        let values = read_params(&model, &buffers);
-        let mut buffer = ReduceBuffer::new(values.len(), comm.world_size());
-        buffer.copy_from(&values);
-        let buffer = comm.run(move |c| {
-            c.all_reduce_buffer(&mut buffer, ReduceOp::Mean)
-                .map(|_| buffer)
-        })?;
-        let mut averaged = vec![0.0; values.len()];
-        buffer.copy_to(&mut averaged);
-        Ok(write_params(model, &buffers, &averaged))
     }
 }

@@ -39,6 +39,7 @@ pub use error::DdpError;
 pub use plan::BucketPlan;
 pub use runtime::{DataParallel, Replica};
 pub use step::{DdpStep, SyncStats};
+pub use sync::average_buffers;
 
 #[cfg(test)]
 mod tests;

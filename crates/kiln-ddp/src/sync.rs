@@ -64,6 +64,12 @@ pub(crate) fn average<M: Module>(
     Ok(write_params(module, &layout, &values))
 }
 
+/// Replaces every replica's buffers (batch-norm running statistics) with their mean over
+/// replicas, so that all replicas evaluate and checkpoint the same model.
+pub fn average_buffers<M: Module>(comm: &CommWorker, module: M) -> Result<M, CommError> {
+    average(comm, module, Selection::Buffers)
+}
+
 /// A 64-bit fingerprint as four exactly representable `f32` (16 bits each).
 fn to_words(hash: u64) -> [f32; 4] {
     std::array::from_fn(|i| ((hash >> (16 * i)) & 0xFFFF) as f32)
