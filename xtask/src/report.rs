@@ -138,11 +138,17 @@ pub fn print_table(figures: &[Figure]) {
 }
 
 /// Prints every figure's ratio to the same figure in `old`.
-pub fn print_comparison(figures: &[Figure], old: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let old: Results = serde_json::from_str(&std::fs::read_to_string(old)?)?;
+pub fn print_comparison(
+    figures: &[Figure],
+    old_path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let old: Results = serde_json::from_str(&std::fs::read_to_string(old_path)?)?;
     println!(
-        "\ncompared with {} (revision {}):",
-        old.machine.git_revision, old.machine.git_revision
+        "\ncompared with {} (revision {}, {} cores, {}):",
+        old_path.display(),
+        old.machine.git_revision,
+        old.machine.cores,
+        old.machine.backend
     );
     println!(
         "{:<58} {:>12} {:>12} {:>8}",
