@@ -37,6 +37,16 @@ pub enum DataError {
         /// The panic message.
         message: String,
     },
+    /// A worker did not deliver its batch within the loader's timeout.
+    #[error("loader worker {worker} did not deliver batch {batch} within {waited:?}")]
+    Timeout {
+        /// The worker.
+        worker: usize,
+        /// The batch it owed.
+        batch: usize,
+        /// How long the consumer waited.
+        waited: std::time::Duration,
+    },
     /// A worker thread stopped without delivering its batch.
     #[error("loader worker {worker} stopped before delivering batch {batch}")]
     WorkerLost {

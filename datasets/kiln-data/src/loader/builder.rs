@@ -14,6 +14,7 @@ pub struct DataLoaderBuilder {
     batch_size: usize,
     num_workers: usize,
     prefetch: usize,
+    timeout: std::time::Duration,
     seed: Option<u64>,
     drop_last: bool,
     shard: (usize, usize),
@@ -29,6 +30,7 @@ impl DataLoaderBuilder {
             batch_size: 32,
             num_workers: 0,
             prefetch: 2,
+            timeout: std::time::Duration::from_secs(600),
             seed: None,
             drop_last: false,
             shard: (0, 1),
@@ -53,6 +55,14 @@ impl DataLoaderBuilder {
     /// Finished batches each worker may hold ahead of the consumer (default 2).
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.prefetch = prefetch;
+        self
+    }
+
+    /// How long the consumer waits for a worker's batch before failing with
+    /// [`DataError::Timeout`](crate::DataError::Timeout) (default 10 minutes): a worker stuck
+    /// in a data source cannot hang training.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -121,6 +131,7 @@ impl DataLoaderBuilder {
             self.drop_last,
             self.num_workers,
             self.prefetch,
+            self.timeout,
         )
     }
 }

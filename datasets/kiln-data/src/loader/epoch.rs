@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_channel::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use super::builder::DataLoaderBuilder;
@@ -22,6 +24,7 @@ pub struct DataLoader {
     workers: Vec<Worker>,
     generation: Arc<AtomicU64>,
     waited: Duration,
+    timeout: Duration,
 }
 
 impl DataLoader {
@@ -37,6 +40,7 @@ impl DataLoader {
         drop_last: bool,
         num_workers: usize,
         prefetch: usize,
+        timeout: Duration,
     ) -> Self {
         let generation = Arc::new(AtomicU64::new(0));
         let workers = (0..num_workers)
@@ -50,6 +54,7 @@ impl DataLoader {
             workers,
             generation,
             waited: Duration::ZERO,
+            timeout,
         }
     }
 
@@ -158,14 +163,24 @@ impl EpochIter<'_> {
     fn receive(&mut self, batch: usize) -> Result<ImageBatch, DataError> {
         let n = self.loader.workers.len();
         let worker = &self.loader.workers[batch % n];
+        let start = Instant::now();
         loop {
-            match worker.deliveries.recv() {
+            let waited = start.elapsed();
+            let remaining = self.loader.timeout.saturating_sub(waited);
+            match worker.deliveries.recv_timeout(remaining) {
                 Ok(delivery) if delivery.generation == self.generation => {
                     debug_assert_eq!(delivery.batch, batch);
                     return delivery.result;
                 }
                 Ok(_stale) => continue, // left over from an abandoned epoch
-                Err(_) => {
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(DataError::Timeout {
+                        worker: batch % n,
+                        batch,
+                        waited: start.elapsed(),
+                    });
+                }
+                Err(RecvTimeoutError::Disconnected) => {
                     return Err(DataError::WorkerLost {
                         worker: batch % n,
                         batch,

@@ -218,3 +218,47 @@ fn any_burn_dataset_plugs_in() {
         4.0
     );
 }
+
+/// A source that takes far longer than the loader is allowed to wait.
+struct Stuck;
+
+impl ImageSource for Stuck {
+    fn len(&self) -> usize {
+        4
+    }
+    fn get(&self, _index: usize) -> Result<ImageItem, DataError> {
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(ImageItem {
+            pixels: vec![0.0; 4],
+            shape: [1, 2, 2],
+            label: 0,
+        })
+    }
+}
+
+#[test]
+fn a_stuck_worker_is_a_timeout_error_not_a_hang() {
+    let start = Instant::now();
+    let mut loader = DataLoader::builder(Stuck)
+        .batch_size(2)
+        .num_workers(1)
+        .timeout(Duration::from_millis(200))
+        .build();
+    let first = loader.epoch(0).next().unwrap();
+    assert!(
+        matches!(
+            first,
+            Err(DataError::Timeout {
+                worker: 0,
+                batch: 0,
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+}
