@@ -6,6 +6,7 @@
 //! the result is broadcast locally. Only local rank 0 talks to MPI, so MPI sees one rank per
 //! process, as it expects.
 
+use crate::op::{gather_mismatch, scatter_mismatch};
 use crate::{
     CommElement, CommError, InProcessCommunicator, InProcessGroup, MpiCommunicator, ReduceBuffer,
     ReduceOp,
@@ -139,16 +140,11 @@ impl HybridCommunicator {
         input: &[T],
         output: &mut [T],
     ) -> Result<(), CommError> {
-        if output.len() != self.world_size() * input.len() {
+        if let Some(detail) = gather_mismatch(self.world_size(), input.len(), output.len()) {
             return Err(CommError::InvalidArgument {
                 op: "all_gather",
                 rank: self.rank(),
-                detail: format!(
-                    "output has {} elements, expected {} × {}",
-                    output.len(),
-                    self.world_size(),
-                    input.len()
-                ),
+                detail,
             });
         }
         let mut local = vec![T::from_f32(0.0); self.local.world_size() * input.len()];
@@ -164,16 +160,11 @@ impl HybridCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        if input.len() != self.world_size() * output.len() {
+        if let Some(detail) = scatter_mismatch(self.world_size(), input.len(), output.len()) {
             return Err(CommError::InvalidArgument {
                 op: "reduce_scatter",
                 rank: self.rank(),
-                detail: format!(
-                    "input has {} elements, expected {} × {}",
-                    input.len(),
-                    self.world_size(),
-                    output.len()
-                ),
+                detail,
             });
         }
         let mut full = input.to_vec();

@@ -21,6 +21,7 @@ use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Destination, Root, Source};
 
 use crate::element::narrow_into;
+use crate::op::{gather_mismatch, scatter_mismatch};
 use crate::{CommElement, CommError, ReduceBuffer, ReduceOp};
 
 type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
@@ -229,16 +230,8 @@ impl MpiCommunicator {
         input: &[T],
         output: &mut [T],
     ) -> Result<(), CommError> {
-        if output.len() != self.world_size * input.len() {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "output has {} elements, expected {} × {}",
-                    output.len(),
-                    self.world_size,
-                    input.len()
-                ),
-            ));
+        if let Some(detail) = gather_mismatch(self.world_size, input.len(), output.len()) {
+            return Err(self.invalid("all_gather", detail));
         }
         let wide: Vec<f32> = input.iter().map(|v| v.to_f32()).collect();
         let len = output.len();
@@ -258,16 +251,8 @@ impl MpiCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        if input.len() != self.world_size * output.len() {
-            return Err(self.invalid(
-                "reduce_scatter",
-                format!(
-                    "input has {} elements, expected {} × {}",
-                    input.len(),
-                    self.world_size,
-                    output.len()
-                ),
-            ));
+        if let Some(detail) = scatter_mismatch(self.world_size, input.len(), output.len()) {
+            return Err(self.invalid("reduce_scatter", detail));
         }
         let wide: Vec<f32> = input.iter().map(|v| v.to_f32()).collect();
         let (len, world) = (output.len(), self.world_size);

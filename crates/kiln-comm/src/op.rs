@@ -33,3 +33,17 @@ impl ReduceOp {
         }
     }
 }
+
+/// Why all-gather buffers do not fit a world of `world` ranks (`output` must hold `world`
+/// inputs), or `None` if they do.
+pub(crate) fn gather_mismatch(world: usize, input: usize, output: usize) -> Option<String> {
+    (output != world * input)
+        .then(|| format!("output has {output} elements, expected {world} × {input}"))
+}
+
+/// Why reduce-scatter buffers do not fit a world of `world` ranks (`input` must hold `world`
+/// outputs), or `None` if they do.
+pub(crate) fn scatter_mismatch(world: usize, input: usize, output: usize) -> Option<String> {
+    (input != world * output)
+        .then(|| format!("input has {input} elements, expected {world} × {output}"))
+}

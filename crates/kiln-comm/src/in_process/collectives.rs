@@ -15,6 +15,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use super::group::Shared;
 use crate::buffer::chunk_range;
 use crate::element::{narrow_into, widen_into};
+use crate::op::{gather_mismatch, scatter_mismatch};
 use crate::{CommElement, CommError, ReduceBuffer, ReduceOp};
 
 /// How often a blocked `recv` looks at the group's poison.
@@ -269,16 +270,8 @@ impl InProcessCommunicator {
     ) -> Result<(), CommError> {
         const OP: &str = "all_gather";
         let n = self.world_size();
-        if output.len() != n * input.len() {
-            return Err(self.fail(
-                OP,
-                format!(
-                    "output has {} elements, expected {} × {}",
-                    output.len(),
-                    n,
-                    input.len()
-                ),
-            ));
+        if let Some(detail) = gather_mismatch(n, input.len(), output.len()) {
+            return Err(self.fail(OP, detail));
         }
         if n == 1 {
             output.copy_from_slice(input);
@@ -314,16 +307,8 @@ impl InProcessCommunicator {
     ) -> Result<(), CommError> {
         const OP: &str = "reduce_scatter";
         let n = self.world_size();
-        if input.len() != n * output.len() {
-            return Err(self.fail(
-                OP,
-                format!(
-                    "input has {} elements, expected {} × {}",
-                    input.len(),
-                    n,
-                    output.len()
-                ),
-            ));
+        if let Some(detail) = scatter_mismatch(n, input.len(), output.len()) {
+            return Err(self.fail(OP, detail));
         }
         self.stage(input);
         self.sync(OP)?;
