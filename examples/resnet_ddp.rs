@@ -67,6 +67,10 @@ struct Args {
     /// buckets start communicating earlier during backward.
     #[arg(long, default_value_t = 25 * 1024)]
     bucket_kb: usize,
+    /// Compare parameter fingerprints across replicas every N steps (0 = never); a mismatch
+    /// stops training with an error naming the first differing parameter.
+    #[arg(long, default_value_t = 0)]
+    check_every: usize,
     /// Size each replica's batch by its measured throughput (a few probe steps), keeping
     /// --batch-size x replicas as the global batch.
     #[arg(long)]
@@ -175,6 +179,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         zero1: args.zero1,
         bucket_cap_bytes: args.bucket_kb << 10,
         first_bucket_bytes: (args.bucket_kb << 10) / 4,
+        divergence_check_every: args.check_every,
         ..DdpConfig::default()
     };
     let setup = Setup {
