@@ -63,6 +63,24 @@ impl ReduceBuffer {
         }
     }
 
+    /// Fills the buffer from `values`, in order (e.g. a slice followed by extra elements).
+    ///
+    /// # Panics
+    /// If `values` yields fewer than `self.len()` elements.
+    pub fn fill_from(&mut self, values: impl IntoIterator<Item = f32>) {
+        let mut values = values.into_iter();
+        for (_, chunk) in self.chunks_mut() {
+            for slot in chunk {
+                *slot = values.next().expect("fewer values than the buffer holds");
+            }
+        }
+    }
+
+    /// The contents as one vector.
+    pub fn to_vec(&self) -> Vec<f32> {
+        self.chunks.concat()
+    }
+
     /// Copies the contents to `dst`.
     ///
     /// # Panics

@@ -110,8 +110,7 @@ impl HybridCommunicator {
         buffer: &mut ReduceBuffer,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let mut flat = vec![0.0f32; buffer.len()];
-        buffer.copy_to(&mut flat);
+        let mut flat = buffer.to_vec();
         self.all_reduce(&mut flat, op)?;
         buffer.copy_from(&flat);
         Ok(())

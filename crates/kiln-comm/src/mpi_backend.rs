@@ -204,10 +204,9 @@ impl MpiCommunicator {
         buffer: &mut ReduceBuffer,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let mut flat = vec![0.0; buffer.len()];
-        buffer.copy_to(&mut flat);
-        let out = self.reduce_f32("all_reduce_buffer", flat, op)?;
-        buffer.copy_from(&out);
+        let mut flat = buffer.to_vec();
+        self.all_reduce(&mut flat, op)?;
+        buffer.copy_from(&flat);
         Ok(())
     }
 

@@ -234,10 +234,13 @@ impl ModuleMapper for ParamWriter<'_> {
 ///
 /// Burn's `RunningState` (batch-norm statistics) keeps each thread's latest update aside
 /// until the next forward or a `valid()`/`train()` switch, and visitors see only the settled
-/// value. Reading first settles it (a `valid()` copy, dropped at once, merges the pending
-/// updates into the shared state), so replicas compare and average their latest statistics.
+/// value. When the layout holds such buffers (non-trainable entries), reading first settles
+/// them (a `valid()` copy, dropped at once, merges the pending updates into the shared
+/// state), so replicas compare and average their latest statistics.
 pub fn read_params<M: Module>(module: &M, layout: &FlatLayout) -> Vec<f32> {
-    drop(module.valid());
+    if layout.entries().iter().any(|e| !e.info.trainable) {
+        drop(module.valid());
+    }
     let mut flat = vec![0.0; layout.len()];
     module.visit(&mut ParamReader {
         layout,

@@ -98,33 +98,38 @@ impl<M: ImageClassifier> DdpStep<M> {
 
     /// Starts the all-reduce of `flat[range]` plus this replica's sample count.
     fn submit(&self, flat: &[f32], range: std::ops::Range<usize>, samples: usize) -> InFlight {
-        let mut data = Vec::with_capacity(range.len() + 1);
-        data.extend_from_slice(&flat[range.clone()]);
-        data.push(samples as f32);
+        // The bucket is laid out for the collective right here, in one copy out of `flat`.
+        let values = flat[range.clone()]
+            .iter()
+            .copied()
+            .chain(std::iter::once(samples as f32));
         let pending = match self.config.compression {
-            Compression::None => self.comm.submit(move |c| {
-                // Zero-copy in-process reduction; the copies in and out happen on the
-                // communication thread, off the backward's critical path.
-                let mut buffer = ReduceBuffer::new(data.len(), c.world_size());
-                buffer.copy_from(&data);
-                c.all_reduce_buffer(&mut buffer, ReduceOp::Sum)?;
-                let mut data = data;
-                buffer.copy_to(&mut data);
-                Ok(data)
-            }),
-            Compression::F16 => self.comm.submit(move |c| reduce_narrowed::<f16>(c, &data)),
-            Compression::Bf16 => self.comm.submit(move |c| reduce_narrowed::<bf16>(c, &data)),
+            Compression::None => {
+                let mut buffer = ReduceBuffer::new(range.len() + 1, self.comm.world_size());
+                buffer.fill_from(values);
+                self.comm.submit(move |c| {
+                    c.all_reduce_buffer(&mut buffer, ReduceOp::Sum)
+                        .map(|_| buffer.to_vec())
+                })
+            }
+            Compression::F16 => {
+                let narrow: Vec<f16> = values.map(f16::from_f32).collect();
+                self.comm.submit(move |c| reduce_narrowed(c, narrow))
+            }
+            Compression::Bf16 => {
+                let narrow: Vec<bf16> = values.map(bf16::from_f32).collect();
+                self.comm.submit(move |c| reduce_narrowed(c, narrow))
+            }
         };
         (range, pending)
     }
 }
 
-/// All-reduces `data` in a half type (what travels), returning it widened to `f32`.
+/// All-reduces `narrow` in its half type (what travels), returning it widened to `f32`.
 fn reduce_narrowed<T: CommElement>(
     comm: &kiln_comm::Communicator,
-    data: &[f32],
+    mut narrow: Vec<T>,
 ) -> Result<Vec<f32>, kiln_comm::CommError> {
-    let mut narrow: Vec<T> = data.iter().map(|&v| T::from_f32(v)).collect();
     comm.all_reduce(&mut narrow, ReduceOp::Sum)?;
     Ok(narrow.into_iter().map(T::to_f32).collect())
 }

@@ -70,7 +70,8 @@ impl Accumulator {
     /// The mean gradient over every sample added.
     pub fn finish<M: ImageClassifier>(self, model: &M) -> StepOutput {
         let scale = 1.0 / self.samples.max(1) as f32;
-        let flat: Vec<f32> = self.flat.iter().map(|g| g * scale).collect();
+        let mut flat = self.flat;
+        flat.iter_mut().for_each(|g| *g *= scale);
         StepOutput {
             grads: grads_from_flat(model, &self.layout, &flat),
             loss: (self.loss_sum / self.samples.max(1) as f64) as f32,

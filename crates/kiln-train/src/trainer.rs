@@ -187,6 +187,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
             let bar = epoch_bar(self.progress, epoch, steps_this_epoch);
             let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
             let wait_before = self.train.time_waited();
+            let first_step = global_step;
             let started = Instant::now();
             let mut batches = self.train.epoch(epoch as u64);
             for _ in 0..steps_this_epoch {
@@ -234,12 +235,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
             drop(batches);
             let elapsed = started.elapsed();
             bar.finish_and_clear();
-            let steps_done = report
-                .steps
-                .iter()
-                .filter(|s| s.epoch == epoch)
-                .count()
-                .max(1);
+            let steps_done = (global_step - first_step).max(1);
             let mut summary = EpochSummary {
                 epoch,
                 train_loss: (loss_sum / steps_done as f64) as f32,
