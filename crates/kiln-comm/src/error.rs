@@ -37,4 +37,14 @@ pub enum CommError {
         /// What was wrong.
         detail: String,
     },
+    /// The backend cannot do this (e.g. Burn's native collective on a CPU device).
+    #[error("rank {rank}: `{op}` is not supported here: {detail}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// The rank reporting the error.
+        rank: usize,
+        /// Why, and what to use instead.
+        detail: String,
+    },
 }

@@ -15,6 +15,9 @@
 //! - `HybridCommunicator` (feature `mpi`): several replicas per process (shared memory)
 //!   times several processes (MPI).
 //!
+//! - [`DeviceGroup`]: device tensors on the distinct GPUs of one process, reduced by Burn's
+//!   own collective (NCCL on CUDA, feature `cuda`) without leaving the devices.
+//!
 //! [`CommWorker`] runs a rank's operations on a communication thread and hands back
 //! [`Pending`] results, so communication overlaps computation.
 //!
@@ -45,6 +48,7 @@
 
 mod buffer;
 mod communicator;
+mod device;
 mod element;
 mod error;
 #[cfg(feature = "mpi")]
@@ -57,6 +61,7 @@ mod worker;
 
 pub use buffer::ReduceBuffer;
 pub use communicator::Communicator;
+pub use device::{DeviceGroup, PendingTensor};
 pub use element::CommElement;
 pub use error::CommError;
 #[cfg(feature = "mpi")]

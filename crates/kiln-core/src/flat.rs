@@ -88,6 +88,11 @@ impl FlatLayout {
     pub fn get(&self, id: ParamId) -> Option<&FlatEntry> {
         self.index.get(&id).map(|&i| &self.entries[i])
     }
+
+    /// The index in [`entries`](Self::entries) of parameter `id`.
+    pub fn position(&self, id: ParamId) -> Option<usize> {
+        self.index.get(&id).copied()
+    }
 }
 
 fn tensor_values<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {

@@ -28,6 +28,23 @@ pub enum SyncMode {
     Unsynchronized,
 }
 
+/// Where gradients wait for their all-reduce, and what reduces them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GradientPath {
+    /// [`Host`](Self::Host) for CPU replicas, [`Device`](Self::Device) for accelerators.
+    #[default]
+    Auto,
+    /// Each parameter's gradient is copied into one host buffer, which the communicator
+    /// reduces bucket by bucket. Best on CPU, where device memory is host memory.
+    Host,
+    /// Gradients stay on the device; each bucket is concatenated there. When every replica
+    /// of this process has its own CUDA device (and the world is this process), buckets are
+    /// all-reduced by Burn's native collective (NCCL), never leaving the GPUs and overlapping
+    /// the rest of backward on NCCL's stream; otherwise (MPI, shared or non-CUDA devices)
+    /// each bucket crosses to the host once for the communicator.
+    Device,
+}
+
 /// Options of data-parallel training.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DdpConfig {
@@ -46,6 +63,8 @@ pub struct DdpConfig {
     pub zero1: bool,
     /// Timeout of every collective.
     pub timeout: std::time::Duration,
+    /// Host buffer or device buckets (ZeRO-1 always stages through the host).
+    pub gradient_path: GradientPath,
 }
 
 impl Default for DdpConfig {
@@ -58,6 +77,7 @@ impl Default for DdpConfig {
             divergence_check_every: 0,
             zero1: false,
             timeout: kiln_comm::DEFAULT_TIMEOUT,
+            gradient_path: GradientPath::Auto,
         }
     }
 }

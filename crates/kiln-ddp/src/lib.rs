@@ -19,6 +19,9 @@
 //! - **Compression** to f16/bf16 on the wire ([`Compression`]), **local SGD**
 //!   ([`SyncMode::LocalSgd`]), batch-norm statistics averaged before every evaluation, and
 //!   a **divergence check** that names the first parameter that differs.
+//! - **Device gradients** ([`GradientPath`]): on accelerators, gradients stay on the device
+//!   and buckets are reduced by Burn's native all-reduce (NCCL) when every replica has its
+//!   own CUDA device, else staged through the host once per bucket.
 //! - **ZeRO-1** ([`DdpConfig::zero1`]): optimizer state sharded over replicas; gradients are
 //!   reduce-scattered and parameters all-gathered.
 #![warn(missing_docs)]
@@ -26,6 +29,7 @@
 mod balance;
 mod config;
 mod error;
+mod grads;
 mod pass;
 mod plan;
 mod runtime;
@@ -34,12 +38,14 @@ mod sync;
 mod zero;
 
 pub use balance::BatchSplit;
-pub use config::{Compression, DdpConfig, SyncMode};
+pub use config::{Compression, DdpConfig, GradientPath, SyncMode};
 pub use error::DdpError;
 pub use plan::BucketPlan;
 pub use runtime::{DataParallel, Replica};
 pub use step::{DdpStep, SyncStats};
 pub use sync::average_buffers;
 
+#[cfg(test)]
+mod device_tests;
 #[cfg(test)]
 mod tests;

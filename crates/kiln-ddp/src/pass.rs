@@ -1,48 +1,32 @@
 //! One micro-batch's forward and backward, reporting gradients group by group.
 //!
-//! A pass writes each group's gradients (scaled by the micro-batch size) into the flat
-//! buffer and then calls `on_group`, which starts the all-reduce of every bucket that has
+//! A pass adds each group's gradients (scaled by the micro-batch size) to the replica's
+//! [`GradStore`] and then calls `on_group`, which starts the all-reduce of every bucket that has
 //! just become complete. [`segmented_pass`] cuts the graph at every segment boundary and runs
 //! backward one segment at a time, so buckets of later segments are reduced while earlier
 //! segments are still differentiating; [`full_pass`] is the fallback for models without
 //! segments (one group, sync after backward).
 
-use burn::tensor::{Gradients, Tensor};
-use kiln_core::{
-    Activation, FlatLayout, GradWriter, ImageClassifier, ParamInfo, SegmentId, Segmented,
-};
+use burn::tensor::Tensor;
+use kiln_core::{Activation, FlatLayout, ImageClassifier, ParamInfo, SegmentId, Segmented};
 use kiln_core::{param_infos, segment_param_infos};
 use kiln_data::ImageBatch;
 use kiln_train::{classification_loss, count_correct, forward_backward};
 
-/// Callback after a backward group: (group index in backward order, the flat buffer).
-pub(crate) type OnGroup<'a> = &'a mut dyn FnMut(usize, &[f32]);
+use crate::grads::GradStore;
+
+/// Callback after a backward group: (group index in backward order, the gradients so far).
+pub(crate) type OnGroup<'a> = &'a mut dyn FnMut(usize, &GradStore);
 
 /// A pass over one micro-batch; returns (loss, correct predictions).
 pub(crate) type Pass<M> =
-    fn(&M, ImageBatch, &FlatLayout, &mut [f32], f32, OnGroup<'_>) -> (f32, usize);
+    fn(&M, ImageBatch, &FlatLayout, &mut GradStore, f32, OnGroup<'_>) -> (f32, usize);
 
 /// A model's trainable parameters grouped in backward order, for a [`Pass`].
 pub(crate) type Groups<M> = fn(&M) -> Vec<Vec<ParamInfo>>;
 
 fn trainable(infos: Vec<ParamInfo>) -> Vec<ParamInfo> {
     infos.into_iter().filter(|p| p.trainable).collect()
-}
-
-fn write<'a>(
-    grads: &'a mut Gradients,
-    layout: &'a FlatLayout,
-    flat: &'a mut [f32],
-    scale: f32,
-) -> GradWriter<'a> {
-    // `grads` and `flat` are reborrowed for the writer's lifetime only.
-    GradWriter {
-        grads,
-        layout,
-        flat,
-        scale,
-        accumulate: true,
-    }
 }
 
 /// One group holding every trainable parameter.
@@ -55,13 +39,13 @@ pub(crate) fn full_pass<M: ImageClassifier>(
     model: &M,
     batch: ImageBatch,
     layout: &FlatLayout,
-    flat: &mut [f32],
+    store: &mut GradStore,
     scale: f32,
     on_group: OnGroup<'_>,
 ) -> (f32, usize) {
     let (mut grads, loss, correct) = forward_backward(model, batch);
-    model.visit(&mut write(&mut grads, layout, flat, scale));
-    on_group(0, flat);
+    model.visit(&mut store.collector(&mut grads, layout, scale));
+    on_group(0, store);
     (loss, correct)
 }
 
@@ -86,7 +70,7 @@ pub(crate) fn segmented_pass<M>(
     model: &M,
     batch: ImageBatch,
     layout: &FlatLayout,
-    flat: &mut [f32],
+    store: &mut GradStore,
     scale: f32,
     on_group: OnGroup<'_>,
 ) -> (f32, usize)
@@ -122,25 +106,25 @@ where
     let mut upstream = last.boundary_grad(&grads).expect(no_gradient);
     model.visit_segment(
         SegmentId::Output,
-        &mut write(&mut grads, layout, flat, scale),
+        &mut store.collector(&mut grads, layout, scale),
     );
     drop(grads);
-    on_group(0, flat);
+    on_group(0, store);
     for index in (0..middle).rev() {
         let mut grads = outputs[index + 1].backward_with(upstream);
         upstream = cuts[index].boundary_grad(&grads).expect(no_gradient);
         model.visit_segment(
             SegmentId::Middle(index),
-            &mut write(&mut grads, layout, flat, scale),
+            &mut store.collector(&mut grads, layout, scale),
         );
         drop(grads);
-        on_group(middle - index, flat);
+        on_group(middle - index, store);
     }
     let mut grads = outputs[0].backward_with(upstream);
     model.visit_segment(
         SegmentId::Input,
-        &mut write(&mut grads, layout, flat, scale),
+        &mut store.collector(&mut grads, layout, scale),
     );
-    on_group(middle + 1, flat);
+    on_group(middle + 1, store);
     (loss_value, correct)
 }

@@ -4,11 +4,12 @@ use std::sync::Arc;
 
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
-use kiln_comm::{CommError, CommWorker, InProcessGroup};
+use kiln_comm::{CommError, CommWorker, DeviceGroup, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented};
 use kiln_train::TrainError;
 
 use crate::pass::{full_pass, segment_groups, segmented_pass, whole_model_groups};
+use crate::step::Transport;
 use crate::sync::{Selection, broadcast, check_divergence};
 use crate::{DdpConfig, DdpError, DdpStep};
 
@@ -60,6 +61,8 @@ pub struct Replica {
     device: Device,
     comm: Arc<CommWorker>,
     config: DdpConfig,
+    /// Burn's native collective over this process's replicas, when their devices have one.
+    device_group: Option<DeviceGroup>,
 }
 
 impl DataParallel {
@@ -93,7 +96,7 @@ impl DataParallel {
         let comms = InProcessGroup::new(self.devices.len())
             .timeout(self.config.timeout)
             .build();
-        self.run_communicators(comms, train)
+        self.run_communicators(comms, true, train)
     }
 
     /// Runs `train` on this process's replicas of a multi-process world (`mpi` is
@@ -115,13 +118,20 @@ impl DataParallel {
                 "run_mpi needs `MpiCommunicator::world()`'s communicator".into(),
             ));
         };
-        self.run_communicators(kiln_comm::hybrid_group(mpi, self.devices.len()), train)
+        // NCCL groups of Burn's collective span one process, and this world spans several.
+        self.run_communicators(
+            kiln_comm::hybrid_group(mpi, self.devices.len()),
+            false,
+            train,
+        )
     }
 
-    /// Runs one replica per communicator, on the matching device, in threads.
+    /// Runs one replica per communicator, on the matching device, in threads; `native`:
+    /// the world is this process, so Burn's collective may reduce device tensors.
     fn run_communicators<R, F>(
         &self,
         comms: Vec<kiln_comm::Communicator>,
+        native: bool,
         train: F,
     ) -> Result<Vec<R>, DdpError>
     where
@@ -132,8 +142,12 @@ impl DataParallel {
             let handles: Vec<_> = comms
                 .into_iter()
                 .zip(&self.devices)
-                .map(|(comm, device)| {
+                .enumerate()
+                .map(|(local_rank, (comm, device))| {
                     let (rank, world_size) = (comm.rank(), comm.world_size());
+                    let device_group = (native && DeviceGroup::supported(&self.devices))
+                        .then(|| DeviceGroup::new(self.devices.clone(), local_rank).ok())
+                        .flatten();
                     let comm = Arc::new(CommWorker::spawn(comm));
                     let abort = comm.abort_handle();
                     let replica = Replica {
@@ -142,6 +156,7 @@ impl DataParallel {
                         device: device.clone(),
                         comm,
                         config: self.config.clone(),
+                        device_group,
                     };
                     let train = &train;
                     let handle = std::thread::Builder::new()
@@ -210,6 +225,7 @@ impl DataParallel {
             device,
             comm,
             config,
+            device_group: None,
         };
         let result = train(replica).map_err(|source| DdpError::Replica { rank, source });
         if let Err(err) = &result {
@@ -304,6 +320,20 @@ impl Replica {
         check_divergence(&self.comm, module, Selection::All)
     }
 
+    fn transport(&self) -> Transport {
+        Transport::choose(
+            self.config.gradient_path,
+            &self.device,
+            self.device_group.clone(),
+        )
+    }
+
+    /// Whether this replica's gradient buckets are reduced by Burn's native collective
+    /// (NCCL) under [`GradientPath::Device`](crate::GradientPath) or `Auto`.
+    pub fn has_native_collective(&self) -> bool {
+        self.device_group.is_some()
+    }
+
     /// A step that all-reduces gradients after backward (any model).
     pub fn gradient_step<M: ImageClassifier>(&self) -> DdpStep<M> {
         DdpStep::new(
@@ -311,6 +341,8 @@ impl Replica {
             self.config.clone(),
             full_pass::<M>,
             whole_model_groups::<M>,
+            self.device.clone(),
+            self.transport(),
         )
     }
 
@@ -325,6 +357,8 @@ impl Replica {
             self.config.clone(),
             segmented_pass::<M>,
             segment_groups::<M>,
+            self.device.clone(),
+            self.transport(),
         )
     }
 }

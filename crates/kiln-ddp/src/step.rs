@@ -3,17 +3,24 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::ops::Range;
+
+use burn::tensor::{Device, FloatDType, Tensor};
 use half::{bf16, f16};
-use kiln_comm::{CommElement, CommWorker, Pending, ReduceBuffer, ReduceOp};
-use kiln_core::{ImageClassifier, grads_from_flat};
+use kiln_comm::{
+    CommElement, CommError, CommWorker, Communicator, DeviceGroup, Pending, PendingTensor,
+    ReduceBuffer, ReduceOp,
+};
+use kiln_core::{FlatLayout, ImageClassifier, grads_from_flat};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepOutput, TrainError};
 
+use crate::grads::{GradStore, device_tensor, grads_from_buckets};
 use crate::pass::{Groups, Pass};
 use crate::plan::BucketPlan;
 use crate::sync::{Selection, average, check_divergence};
 use crate::zero::ZeroPlan;
-use crate::{Compression, DdpConfig, SyncMode};
+use crate::{Compression, DdpConfig, GradientPath, SyncMode};
 
 /// How much of the gradient communication the step hid behind backward.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -49,12 +56,49 @@ impl SyncStats {
     }
 }
 
+/// What reduces a replica's gradient buckets (see [`GradientPath`]).
+pub(crate) enum Transport {
+    /// A host buffer, reduced by the communicator.
+    Host,
+    /// Device buckets, each copied to the host once for the communicator.
+    Staged,
+    /// Device buckets reduced by Burn's native collective.
+    Native(DeviceGroup),
+}
+
+impl Transport {
+    /// The transport `path` asks for on `device`; `group` is the native collective over
+    /// this process's replicas, when Burn has one for their devices.
+    pub(crate) fn choose(path: GradientPath, device: &Device, group: Option<DeviceGroup>) -> Self {
+        let on_device = match path {
+            GradientPath::Host => false,
+            GradientPath::Device => true,
+            GradientPath::Auto => *device != Device::flex(),
+        };
+        match (on_device, group) {
+            (false, _) => Transport::Host,
+            (true, Some(group)) => Transport::Native(group),
+            (true, None) => Transport::Staged,
+        }
+    }
+
+    /// Its name, for reports.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Transport::Host => "host buffer",
+            Transport::Staged => "device buckets staged through the host",
+            Transport::Native(_) => "device buckets, native all-reduce",
+        }
+    }
+}
+
 /// A gradient step that all-reduces bucketed gradients with the other replicas.
 ///
 /// Gradients of each micro-batch are summed weighted by its sample count; the all-reduce
-/// sums them with every replica's sample count (carried as one extra element per bucket),
-/// and the result is divided by the total. The update is therefore exactly the mean over
-/// all samples of all replicas, whatever each replica's batch size.
+/// sums them with every replica's sample count (carried as one extra element per bucket,
+/// or reduced on its own on the native path), and the result is divided by the total. The
+/// update is therefore exactly the mean over all samples of all replicas, whatever each
+/// replica's batch size.
 ///
 /// Create it with [`Replica::gradient_step`](crate::Replica::gradient_step) or
 /// [`Replica::overlapped_step`](crate::Replica::overlapped_step).
@@ -65,12 +109,56 @@ pub struct DdpStep<M> {
     groups: Groups<M>,
     plan: Option<BucketPlan>,
     zero: Option<ZeroPlan>,
-    flat: Vec<f32>,
+    transport: Transport,
+    store: GradStore,
     stats: Arc<Mutex<SyncStats>>,
 }
 
-/// A bucket in flight: (its range in the flat buffer, the pending all-reduce).
-type InFlight = (std::ops::Range<usize>, Pending<Vec<f32>>);
+/// A bucket in flight and its range in the layout.
+enum InFlight {
+    /// Through the communicator: the reduced values followed by the total sample count.
+    Host(Range<usize>, Pending<Vec<f32>>),
+    /// Through Burn's native collective.
+    Native(Range<usize>, PendingTensor<1>),
+}
+
+/// A bucket laid out for the communicator, in the element type that travels.
+enum Prepared {
+    Full(ReduceBuffer),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl Prepared {
+    /// Lays out `values` (`len` of them) for the collective, in one copy.
+    fn new(
+        values: impl Iterator<Item = f32>,
+        len: usize,
+        compression: Compression,
+        world: usize,
+    ) -> Self {
+        match compression {
+            Compression::None => {
+                let mut buffer = ReduceBuffer::new(len, world);
+                buffer.fill_from(values);
+                Prepared::Full(buffer)
+            }
+            Compression::F16 => Prepared::F16(values.map(f16::from_f32).collect()),
+            Compression::Bf16 => Prepared::Bf16(values.map(bf16::from_f32).collect()),
+        }
+    }
+
+    /// Sums over every rank; the result widened to `f32`.
+    fn reduce(self, comm: &Communicator) -> Result<Vec<f32>, CommError> {
+        match self {
+            Prepared::Full(mut buffer) => comm
+                .all_reduce_buffer(&mut buffer, ReduceOp::Sum)
+                .map(|_| buffer.to_vec()),
+            Prepared::F16(narrow) => reduce_narrowed(comm, narrow),
+            Prepared::Bf16(narrow) => reduce_narrowed(comm, narrow),
+        }
+    }
+}
 
 impl<M: ImageClassifier> DdpStep<M> {
     pub(crate) fn new(
@@ -78,7 +166,22 @@ impl<M: ImageClassifier> DdpStep<M> {
         config: DdpConfig,
         pass: Pass<M>,
         groups: Groups<M>,
+        device: Device,
+        transport: Transport,
     ) -> Self {
+        // ZeRO-1 reduce-scatters one host buffer.
+        let transport = if config.zero1 {
+            Transport::Host
+        } else {
+            transport
+        };
+        let store = match transport {
+            Transport::Host => GradStore::Host(Vec::new()),
+            Transport::Staged | Transport::Native(_) => GradStore::Device {
+                device,
+                slots: Vec::new(),
+            },
+        };
         Self {
             comm,
             config,
@@ -86,7 +189,8 @@ impl<M: ImageClassifier> DdpStep<M> {
             groups,
             plan: None,
             zero: None,
-            flat: Vec::new(),
+            transport,
+            store,
             stats: Arc::default(),
         }
     }
@@ -96,40 +200,128 @@ impl<M: ImageClassifier> DdpStep<M> {
         Arc::clone(&self.stats)
     }
 
-    /// Starts the all-reduce of `flat[range]` plus this replica's sample count.
-    fn submit(&self, flat: &[f32], range: std::ops::Range<usize>, samples: usize) -> InFlight {
-        // The bucket is laid out for the collective right here, in one copy out of `flat`.
-        let values = flat[range.clone()]
-            .iter()
-            .copied()
-            .chain(std::iter::once(samples as f32));
-        let pending = match self.config.compression {
-            Compression::None => {
-                let mut buffer = ReduceBuffer::new(range.len() + 1, self.comm.world_size());
-                buffer.fill_from(values);
-                self.comm.submit(move |c| {
-                    c.all_reduce_buffer(&mut buffer, ReduceOp::Sum)
-                        .map(|_| buffer.to_vec())
-                })
-            }
-            Compression::F16 => {
-                let narrow: Vec<f16> = values.map(f16::from_f32).collect();
-                self.comm.submit(move |c| reduce_narrowed(c, narrow))
-            }
-            Compression::Bf16 => {
-                let narrow: Vec<bf16> = values.map(bf16::from_f32).collect();
-                self.comm.submit(move |c| reduce_narrowed(c, narrow))
-            }
-        };
-        (range, pending)
+    /// How gradients travel: host buffer, staged device buckets or native device all-reduce.
+    pub fn transport(&self) -> &'static str {
+        self.transport.name()
     }
+
+    /// Starts the all-reduce of the bucket `range` of `store`, plus this replica's sample
+    /// count (on the communicator paths).
+    fn submit(
+        &self,
+        store: &GradStore,
+        layout: &FlatLayout,
+        range: Range<usize>,
+        samples: usize,
+    ) -> InFlight {
+        let (compression, world) = (self.config.compression, self.comm.world_size());
+        let count = std::iter::once(samples as f32);
+        let len = range.len() + 1;
+        match (&self.transport, store) {
+            (Transport::Native(group), _) => {
+                let bucket = store.bucket(layout, range.clone());
+                let bucket = match compression {
+                    Compression::None => bucket,
+                    Compression::F16 => bucket.cast(FloatDType::F16),
+                    Compression::Bf16 => bucket.cast(FloatDType::BF16),
+                };
+                let pending = group
+                    .all_reduce(bucket, ReduceOp::Sum)
+                    .expect("Burn's collective sums");
+                InFlight::Native(range, pending)
+            }
+            (_, GradStore::Host(flat)) => {
+                let values = flat[range.clone()].iter().copied().chain(count);
+                let prepared = Prepared::new(values, len, compression, world);
+                InFlight::Host(range, self.comm.submit(move |c| prepared.reduce(c)))
+            }
+            (_, GradStore::Device { .. }) => {
+                // The copy to the host happens on the communication thread, so this thread
+                // goes on queueing backward meanwhile.
+                let bucket = store.bucket(layout, range.clone());
+                let pending = self.comm.submit(move |c| {
+                    let values = bucket.into_data().convert::<f32>();
+                    let values = values.as_slice::<f32>().expect("converted to f32");
+                    let values = values.iter().copied().chain(count);
+                    Prepared::new(values, len, compression, world).reduce(c)
+                });
+                InFlight::Host(range, pending)
+            }
+        }
+    }
+
+    /// Waits for every bucket. Host stores receive their reduced values in place; device
+    /// stores get them back as tensors.
+    fn finish(
+        &self,
+        in_flight: Vec<InFlight>,
+        store: &mut GradStore,
+        samples: usize,
+    ) -> Result<Finished, TrainError> {
+        let mut total = samples as f32;
+        let mut communication = Duration::ZERO;
+        if in_flight.iter().any(|f| matches!(f, InFlight::Native(..))) {
+            // NCCL waits for its peers without a timeout. Every rank reduces its sample count
+            // here only after enqueuing all its buckets, so once this (timed) collective
+            // succeeds every bucket has all its ranks, and a lost peer is an error instead.
+            let count = self
+                .comm
+                .submit(move |c| {
+                    let mut count = vec![samples as f32];
+                    c.all_reduce(&mut count, ReduceOp::Sum).map(|_| count)
+                })
+                .wait()?;
+            total = count.value[0];
+            communication += count.busy;
+        }
+        let mut reduced = Vec::with_capacity(in_flight.len());
+        for flight in in_flight {
+            match flight {
+                InFlight::Host(range, pending) => {
+                    let done = pending.wait()?;
+                    communication += done.busy;
+                    let (values, count) = done.value.split_at(range.len());
+                    total = count[0];
+                    match store {
+                        GradStore::Host(flat) => flat[range].copy_from_slice(values),
+                        GradStore::Device { device, .. } => {
+                            reduced.push((range, device_tensor(values.to_vec(), device)));
+                        }
+                    }
+                }
+                InFlight::Native(range, pending) => {
+                    let bucket = pending.wait();
+                    let bucket = match self.config.compression {
+                        Compression::None => bucket,
+                        Compression::F16 | Compression::Bf16 => bucket.cast(FloatDType::F32),
+                    };
+                    reduced.push((range, bucket));
+                }
+            }
+        }
+        Ok(Finished {
+            reduced,
+            total,
+            communication,
+        })
+    }
+}
+
+/// What the buckets of a step came back as.
+struct Finished {
+    /// Reduced device buckets (empty for a host store).
+    reduced: Vec<(Range<usize>, Tensor<1>)>,
+    /// Samples over every replica.
+    total: f32,
+    /// Time the communication thread spent reducing.
+    communication: Duration,
 }
 
 /// All-reduces `narrow` in its half type (what travels), returning it widened to `f32`.
 fn reduce_narrowed<T: CommElement>(
-    comm: &kiln_comm::Communicator,
+    comm: &Communicator,
     mut narrow: Vec<T>,
-) -> Result<Vec<f32>, kiln_comm::CommError> {
+) -> Result<Vec<f32>, CommError> {
     comm.all_reduce(&mut narrow, ReduceOp::Sum)?;
     Ok(narrow.into_iter().map(T::to_f32).collect())
 }
@@ -150,7 +342,7 @@ impl<M: ImageClassifier> DdpStep<M> {
                 .collect();
             ZeroPlan::new(params, rank, world)
         });
-        let mut flat = vec![0.0f32; world * zero.region];
+        let mut store = GradStore::Host(vec![0.0f32; world * zero.region]);
         let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
         let (mut loss_sum, mut correct) = (0.0f64, 0usize);
         let compute_start = Instant::now();
@@ -160,7 +352,7 @@ impl<M: ImageClassifier> DdpStep<M> {
                 model,
                 batch,
                 &zero.full,
-                &mut flat,
+                &mut store,
                 size as f32,
                 &mut |_, _| {},
             );
@@ -168,6 +360,9 @@ impl<M: ImageClassifier> DdpStep<M> {
             correct += right;
         }
         let compute = compute_start.elapsed();
+        let GradStore::Host(mut flat) = store else {
+            unreachable!("ZeRO-1 reduces a host buffer")
+        };
         for r in 0..world {
             flat[zero.count_slot(r)] = samples as f32;
         }
@@ -234,9 +429,9 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
                 self.config.bucket_cap_bytes,
             ),
         };
-        let mut flat = std::mem::take(&mut self.flat);
-        flat.clear();
-        flat.resize(plan.layout().len(), 0.0);
+        let layout = plan.layout();
+        let mut store = std::mem::replace(&mut self.store, GradStore::Host(Vec::new()));
+        store.reset(layout);
 
         let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
         let synchronous = self.config.mode == SyncMode::Gradients;
@@ -247,43 +442,47 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         for (index, batch) in batches.into_iter().enumerate() {
             let last = index + 1 == count;
             let size = batch.indices.len();
-            let mut on_group = |group: usize, flat: &[f32]| {
+            let mut on_group = |group: usize, store: &GradStore| {
                 if last && synchronous {
                     for bucket in
                         plan.buckets()[in_flight.len()..plan.ready_after_group(group)].iter()
                     {
-                        in_flight.push(self.submit(flat, bucket.clone(), samples));
+                        in_flight.push(self.submit(store, layout, bucket.clone(), samples));
                     }
                 }
             };
-            let (loss, right) = (self.pass)(
-                model,
-                batch,
-                plan.layout(),
-                &mut flat,
-                size as f32,
-                &mut on_group,
-            );
+            let (loss, right) =
+                (self.pass)(model, batch, layout, &mut store, size as f32, &mut on_group);
             loss_sum += f64::from(loss) * size as f64;
             correct += right;
         }
         let compute = compute_start.elapsed();
 
         let wait_start = Instant::now();
-        let mut total = samples as f32;
-        let mut communication = Duration::ZERO;
         let buckets = in_flight.len();
-        for (range, pending) in in_flight {
-            let reduced = pending.wait()?;
-            communication += reduced.busy;
-            let (values, count) = reduced.value.split_at(range.len());
-            flat[range].copy_from_slice(values);
-            total = count[0];
-        }
+        let Finished {
+            mut reduced,
+            total,
+            communication,
+        } = self.finish(in_flight, &mut store, samples)?;
         let exposed = wait_start.elapsed();
         let scale = 1.0 / total.max(1.0);
-        flat.iter_mut().for_each(|g| *g *= scale);
-        let grads = grads_from_flat(model, plan.layout(), &flat);
+        let grads = match &mut store {
+            GradStore::Host(flat) => {
+                flat.iter_mut().for_each(|g| *g *= scale);
+                grads_from_flat(model, layout, flat)
+            }
+            GradStore::Device { .. } => {
+                if !synchronous {
+                    reduced = plan
+                        .buckets()
+                        .iter()
+                        .map(|range| (range.clone(), store.bucket(layout, range.clone())))
+                        .collect();
+                }
+                grads_from_buckets(model, layout, reduced, scale)
+            }
+        };
         {
             let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             stats.steps += 1;
@@ -291,13 +490,18 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
             stats.communication += communication;
             stats.exposed += exposed;
             stats.buckets += buckets;
-            stats.bytes += if synchronous {
-                4 * (flat.len() + buckets)
-            } else {
-                0
-            };
+            if synchronous {
+                let element = match self.config.compression {
+                    Compression::None => 4,
+                    Compression::F16 | Compression::Bf16 => 2,
+                };
+                stats.bytes += element * (layout.len() + buckets);
+            }
         }
-        self.flat = flat;
+        if let GradStore::Device { slots, .. } = &mut store {
+            slots.clear(); // frees the device memory of this step's gradients
+        }
+        self.store = store;
         self.plan = Some(plan);
         Ok(StepOutput {
             grads,

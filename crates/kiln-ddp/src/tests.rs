@@ -84,7 +84,7 @@ impl Segmented for TinyNet {
 
 const STEPS: usize = 5;
 
-fn data() -> SyntheticImages {
+pub(crate) fn data() -> SyntheticImages {
     SyntheticImages::new(240, 4, 3, [3, 6, 6])
 }
 
@@ -104,9 +104,25 @@ fn params<M: Module>(model: &M) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Trains on one device with `batch` samples per step (`micro` micro-batches of it).
-fn single(source: impl ImageSource, batch: usize, micro: usize, shuffle: bool) -> Vec<Vec<f32>> {
-    let device = Device::flex().autodiff();
+/// Trains on the CPU with `batch` samples per step (`micro` micro-batches of it).
+pub(crate) fn single(
+    source: impl ImageSource,
+    batch: usize,
+    micro: usize,
+    shuffle: bool,
+) -> Vec<Vec<f32>> {
+    single_on(Device::flex(), source, batch, micro, shuffle)
+}
+
+/// Trains on `device` with `batch` samples per step (`micro` micro-batches of it).
+pub(crate) fn single_on(
+    device: Device,
+    source: impl ImageSource,
+    batch: usize,
+    micro: usize,
+    shuffle: bool,
+) -> Vec<Vec<f32>> {
+    let device = device.autodiff();
     let mut loader = DataLoader::builder(source)
         .batch_size(batch / micro)
         .device(device.clone());
@@ -128,20 +144,22 @@ fn single(source: impl ImageSource, batch: usize, micro: usize, shuffle: bool) -
     params(&model)
 }
 
-struct Setup {
-    world: usize,
-    batch: usize,
-    micro: usize,
-    overlapped: bool,
-    config: DdpConfig,
+pub(crate) struct Setup {
+    /// One replica per entry.
+    pub devices: Vec<Device>,
+    pub batch: usize,
+    pub micro: usize,
+    pub overlapped: bool,
+    pub config: DdpConfig,
     weights: Option<Vec<f64>>,
     batches: Option<Vec<usize>>,
 }
 
 impl Setup {
-    fn new(world: usize, batch: usize) -> Self {
+    /// `world` CPU replicas with `batch` samples each.
+    pub(crate) fn new(world: usize, batch: usize) -> Self {
         Self {
-            world,
+            devices: vec![Device::flex(); world],
             batch,
             micro: 1,
             overlapped: true,
@@ -153,8 +171,8 @@ impl Setup {
 }
 
 /// Trains `setup.world` replicas; returns every replica's final parameters.
-fn replicated(setup: &Setup) -> Vec<Vec<Vec<f32>>> {
-    DataParallel::new(vec![Device::flex(); setup.world])
+pub(crate) fn replicated(setup: &Setup) -> Vec<Vec<Vec<f32>>> {
+    DataParallel::new(setup.devices.clone())
         .config(setup.config.clone())
         .run(|replica| {
             let device = replica.train_device();
@@ -196,7 +214,12 @@ fn replicated(setup: &Setup) -> Vec<Vec<Vec<f32>>> {
         .unwrap()
 }
 
-fn assert_close(replicas: &[Vec<Vec<f32>>], reference: &[Vec<f32>], tolerance: f32, what: &str) {
+pub(crate) fn assert_close(
+    replicas: &[Vec<Vec<f32>>],
+    reference: &[Vec<f32>],
+    tolerance: f32,
+    what: &str,
+) {
     for (rank, tensors) in replicas.iter().enumerate() {
         for (index, (got, want)) in tensors.iter().zip(reference).enumerate() {
             let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);

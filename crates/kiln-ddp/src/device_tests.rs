@@ -1,0 +1,122 @@
+//! The device gradient path ([`GradientPath::Device`]) against the single-device reference
+//! (tolerances as in `tests.rs`: 1e-5 relative per tensor in f32, 2e-2 with compression).
+//!
+//! On CPU the device path stages buckets through the host, which exercises everything the
+//! native NCCL path shares with it: gradients kept as device tensors, buckets concatenated
+//! on the device, reduced buckets split back into parameters, sample-count weighting. The
+//! `cuda` tests run the native path on a GPU machine (`scripts/gpu-check.sh`).
+
+use crate::tests::{Setup, assert_close, data, replicated, single};
+use crate::{Compression, GradientPath, SyncMode};
+
+/// Device buckets (staged through the host on CPU: the same bucket assembly, splitting and
+/// weighting the native NCCL path uses) equal the host path's reference, with and without
+/// overlap, small buckets, accumulation, compression and local SGD.
+#[test]
+fn device_gradient_path_matches_single_device() {
+    let device_setup = |world, batch| {
+        let mut setup = Setup::new(world, batch);
+        setup.config.gradient_path = GradientPath::Device;
+        setup
+    };
+    for (world, overlapped) in [(2, true), (3, true), (2, false)] {
+        let mut setup = device_setup(world, 4);
+        setup.overlapped = overlapped;
+        setup.config.bucket_cap_bytes = 512;
+        setup.config.first_bucket_bytes = 128;
+        assert_close(
+            &replicated(&setup),
+            &single(data(), 4 * world, 1, true),
+            1e-5,
+            &format!("device path, {world} replicas, overlapped {overlapped}"),
+        );
+    }
+    let mut setup = device_setup(2, 8);
+    setup.micro = 2;
+    assert_close(
+        &replicated(&setup),
+        &single(data(), 16, 1, true),
+        1e-5,
+        "device path, 2 replicas x 2 micro-batches",
+    );
+    let mut setup = device_setup(2, 4);
+    setup.config.compression = Compression::Bf16;
+    assert_close(
+        &replicated(&setup),
+        &single(data(), 8, 1, true),
+        2e-2,
+        "device path, bf16",
+    );
+    // Local SGD with period 1 is synchronous SGD: exercises the unreduced device buckets.
+    let mut setup = device_setup(2, 4);
+    setup.config.mode = SyncMode::LocalSgd { period: 1 };
+    assert_close(
+        &replicated(&setup),
+        &single(data(), 8, 1, true),
+        1e-5,
+        "device path, local SGD period 1",
+    );
+}
+
+/// GPU runs: `cargo test -p kiln-ddp --features cuda -- --ignored cuda` on a machine with
+/// `KILN_CUDA_DEVICES` (default 1) GPUs.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use burn::tensor::Device;
+
+    use super::*;
+    use crate::tests::single_on;
+
+    fn gpus() -> usize {
+        std::env::var("KILN_CUDA_DEVICES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1)
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn cuda_device_paths_match_the_single_gpu_reference() {
+        let gpu = Device::cuda(0);
+        // Native collective over one GPU (a one-rank NCCL group), then two replicas sharing
+        // it (staged: NCCL needs distinct devices).
+        let reference = single_on(gpu.clone(), data(), 8, 1, true);
+        let mut native = Setup::new(1, 8);
+        native.devices = vec![gpu.clone()];
+        native.config.gradient_path = GradientPath::Device;
+        assert_close(&replicated(&native), &reference, 1e-5, "native, 1 GPU");
+        let mut staged = Setup::new(2, 4);
+        staged.devices = vec![gpu.clone(); 2];
+        staged.config.gradient_path = GradientPath::Device;
+        assert_close(
+            &replicated(&staged),
+            &reference,
+            1e-5,
+            "staged, 2 replicas on 1 GPU",
+        );
+        let mut host = Setup::new(2, 4);
+        host.devices = vec![gpu.clone(); 2];
+        host.config.gradient_path = GradientPath::Host;
+        assert_close(
+            &replicated(&host),
+            &reference,
+            1e-5,
+            "host, 2 replicas on 1 GPU",
+        );
+        let n = gpus();
+        if n >= 2 {
+            let reference = single_on(gpu, data(), 4 * n, 1, true);
+            let mut native = Setup::new(n, 4);
+            native.devices = (0..n).map(Device::cuda).collect();
+            native.config.gradient_path = GradientPath::Device;
+            assert_close(&replicated(&native), &reference, 1e-5, "native, N GPUs");
+            native.config.compression = Compression::Bf16;
+            assert_close(
+                &replicated(&native),
+                &reference,
+                2e-2,
+                "native bf16, N GPUs",
+            );
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Where a replica's gradients wait for their all-reduce: a host buffer or the device.
+//!
+//! [`GradStore::Host`] copies every parameter's gradient into one flat `f32` buffer (what
+//! the host communicators reduce; cheapest on CPU, where "device" memory is host memory).
+//! [`GradStore::Device`] keeps each gradient on its device, flattened, and a bucket is
+//! concatenated there: a GPU then crosses to the host once per bucket (staged) or not at
+//! all (Burn's native all-reduce), instead of once per parameter.
+
+use std::ops::Range;
+
+use burn::module::{ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Gradients, Tensor, TensorData};
+use kiln_core::{FlatLayout, GradWriter};
+
+/// A replica's accumulated gradients, in the order of a [`FlatLayout`].
+pub(crate) enum GradStore {
+    /// One flat buffer.
+    Host(Vec<f32>),
+    /// One flattened tensor per layout entry (`None` until a gradient arrives).
+    Device {
+        /// The replica's device (without autodiff).
+        device: Device,
+        /// Slot `i` holds layout entry `i`'s gradient.
+        slots: Vec<Option<Tensor<1>>>,
+    },
+}
+
+impl GradStore {
+    /// An empty store of the same kind, sized for `layout`.
+    pub(crate) fn reset(&mut self, layout: &FlatLayout) {
+        match self {
+            GradStore::Host(flat) => {
+                flat.clear();
+                flat.resize(layout.len(), 0.0);
+            }
+            GradStore::Device { slots, .. } => {
+                slots.clear();
+                slots.resize(layout.entries().len(), None);
+            }
+        }
+    }
+
+    /// A visitor that moves `grads` into this store, scaled by `scale` and added to what is
+    /// there (gradient accumulation over micro-batches).
+    pub(crate) fn collector<'a>(
+        &'a mut self,
+        grads: &'a mut Gradients,
+        layout: &'a FlatLayout,
+        scale: f32,
+    ) -> Collector<'a> {
+        Collector {
+            grads,
+            layout,
+            store: self,
+            scale,
+        }
+    }
+
+    /// `range` (whole layout entries) as one tensor on the device.
+    ///
+    /// # Panics
+    /// On a host store (a programmer error: device buckets come from device stores).
+    pub(crate) fn bucket(&self, layout: &FlatLayout, range: Range<usize>) -> Tensor<1> {
+        let GradStore::Device { device, slots } = self else {
+            panic!("device buckets come from a device store");
+        };
+        let parts: Vec<Tensor<1>> = entries_in(layout, &range)
+            .map(|(index, numel)| {
+                slots[index]
+                    .clone()
+                    .unwrap_or_else(|| Tensor::zeros([numel], device))
+            })
+            .collect();
+        if parts.is_empty() {
+            return Tensor::zeros([0], device);
+        }
+        Tensor::cat(parts, 0)
+    }
+}
+
+/// (entry index, numel) of the layout entries that lie inside `range`.
+fn entries_in<'a>(
+    layout: &'a FlatLayout,
+    range: &'a Range<usize>,
+) -> impl Iterator<Item = (usize, usize)> + 'a {
+    layout
+        .entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.offset >= range.start && e.offset + e.info.numel() <= range.end)
+        .map(|(index, e)| (index, e.info.numel()))
+}
+
+/// Moves gradients into a [`GradStore`] (visit a module or one of its segments with it).
+pub(crate) struct Collector<'a> {
+    grads: &'a mut Gradients,
+    layout: &'a FlatLayout,
+    store: &'a mut GradStore,
+    scale: f32,
+}
+
+impl ModuleVisitor for Collector<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        match self.store {
+            GradStore::Host(flat) => GradWriter {
+                grads: self.grads,
+                layout: self.layout,
+                flat,
+                scale: self.scale,
+                accumulate: true,
+            }
+            .visit_float(param),
+            GradStore::Device { slots, .. } => {
+                let Some(index) = self.layout.position(param.id) else {
+                    return;
+                };
+                let Some(grad) = param.val().grad_remove(self.grads) else {
+                    return;
+                };
+                let numel = self.layout.entries()[index].info.numel();
+                let grad = grad.reshape([numel]).mul_scalar(self.scale);
+                let slot = &mut slots[index];
+                *slot = Some(match slot.take() {
+                    Some(sum) => sum + grad,
+                    None => grad,
+                });
+            }
+        }
+    }
+}
+
+/// The optimizer's gradients from reduced buckets (each covering whole layout entries),
+/// every value multiplied by `scale`, on `device` (the model's, without autodiff).
+pub(crate) fn grads_from_buckets<M: burn::module::Module>(
+    module: &M,
+    layout: &FlatLayout,
+    buckets: Vec<(Range<usize>, Tensor<1>)>,
+    scale: f32,
+) -> GradientsParams {
+    // Split every bucket into its parameters' flat gradients, indexed by layout entry.
+    let mut parts: Vec<Option<Tensor<1>>> = vec![None; layout.entries().len()];
+    for (range, bucket) in buckets {
+        let (indices, sizes): (Vec<usize>, Vec<usize>) = entries_in(layout, &range).unzip();
+        if indices.is_empty() {
+            continue;
+        }
+        let bucket = bucket.mul_scalar(scale);
+        let pieces = if indices.len() == 1 {
+            vec![bucket]
+        } else {
+            bucket.split_with_sizes(sizes, 0)
+        };
+        for (index, piece) in indices.into_iter().zip(pieces) {
+            parts[index] = Some(piece);
+        }
+    }
+    struct Reader<'a> {
+        layout: &'a FlatLayout,
+        parts: Vec<Option<Tensor<1>>>,
+        out: GradientsParams,
+    }
+    impl ModuleVisitor for Reader<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let Some(index) = self.layout.position(param.id) else {
+                return;
+            };
+            if let Some(flat) = self.parts[index].take() {
+                let shape: [usize; D] = self.layout.entries()[index]
+                    .info
+                    .shape
+                    .clone()
+                    .try_into()
+                    .expect("the layout records the parameter's rank");
+                self.out.register(param.id, flat.reshape(shape));
+            }
+        }
+    }
+    let mut reader = Reader {
+        layout,
+        parts,
+        out: GradientsParams::new(),
+    };
+    module.visit(&mut reader);
+    reader.out
+}
+
+/// A tensor of `values` on `device`.
+pub(crate) fn device_tensor(values: Vec<f32>, device: &Device) -> Tensor<1> {
+    let len = values.len();
+    Tensor::from_data(TensorData::new(values, [len]), device)
+}
