@@ -47,6 +47,17 @@ fn device_gradient_path_matches_single_device() {
         2e-2,
         "device path, bf16",
     );
+    // The same arithmetic in the same order as the host buffer: bit-identical.
+    let mut host = Setup::new(2, 4);
+    host.config.gradient_path = GradientPath::Host;
+    host.config.bucket_cap_bytes = 512;
+    let mut device = device_setup(2, 4);
+    device.config.bucket_cap_bytes = 512;
+    assert_eq!(
+        replicated(&device),
+        replicated(&host),
+        "device vs host path"
+    );
     // Local SGD with period 1 is synchronous SGD: exercises the unreduced device buckets.
     let mut setup = device_setup(2, 4);
     setup.config.mode = SyncMode::LocalSgd { period: 1 };
