@@ -125,17 +125,30 @@ fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
         "bf16 all_reduce".into(),
     )?;
 
-    // Point to point around a ring (the hybrid backend supports it within a process only).
-    if point_to_point {
-        comm.send(&input(rank, 13), (rank + 1) % world)
+    // Point to point around a ring: a small message (sent eagerly by MPI), then a large one
+    // (MPI waits for the receiver), with even ranks sending first and odd ranks receiving
+    // first so that the ring cannot deadlock. Under the hybrid backend the ring crosses
+    // processes between the last local replica of one process and the first of the next.
+    if point_to_point && world > 1 {
+        let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
+        comm.send(&input(rank, 13), next)
             .map_err(|e| e.to_string())?;
         let mut got = vec![0.0f32; 13];
-        comm.recv(&mut got, (rank + world - 1) % world)
-            .map_err(|e| e.to_string())?;
-        expect(
-            got == input((rank + world - 1) % world, 13),
-            "send/recv ring".into(),
-        )?;
+        comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
+        expect(got == input(previous, 13), "send/recv ring".into())?;
+        let large = 100_003;
+        let mut got = vec![0.0f32; large];
+        if rank % 2 == 0 {
+            comm.send(&input(rank, large), next)
+                .map_err(|e| e.to_string())?;
+            comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
+        } else {
+            comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
+            comm.send(&input(rank, large), next)
+                .map_err(|e| e.to_string())?;
+        }
+        expect(got == input(previous, large), "large send/recv ring".into())?;
+        checks += 2;
     }
     comm.barrier().map_err(|e| e.to_string())?;
     Ok(checks)
@@ -164,7 +177,7 @@ fn main() -> ExitCode {
             let handles: Vec<_> = kiln_comm::hybrid_group(mpi, local)
                 .into_iter()
                 .map(|comm| {
-                    scope.spawn(move || (comm.rank(), comm.world_size(), check(&comm, false)))
+                    scope.spawn(move || (comm.rank(), comm.world_size(), check(&comm, true)))
                 })
                 .collect();
             handles

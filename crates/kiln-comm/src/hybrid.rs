@@ -3,14 +3,24 @@
 //! Every process runs `local_size` replicas in threads; the global rank is
 //! `process × local_size + local rank`. A collective first combines the local ranks through
 //! the in-process backend, then local rank 0 of every process runs the MPI collective, then
-//! the result is broadcast locally. Only local rank 0 talks to MPI, so MPI sees one rank per
-//! process, as it expects.
+//! the result is broadcast locally. Only local rank 0 runs MPI collectives, so MPI sees one
+//! rank per process, as it expects. Point-to-point across processes is the exception: it
+//! runs on the calling replica's thread (see `mpi_p2p`).
 
+use crate::element::narrow_into;
 use crate::op::{gather_mismatch, scatter_mismatch};
 use crate::{
     CommElement, CommError, InProcessCommunicator, InProcessGroup, MpiCommunicator, ReduceBuffer,
     ReduceOp,
 };
+
+/// Where a peer replica lives.
+enum Peer {
+    /// In this process, at this local rank.
+    Local(usize),
+    /// In MPI rank `process`, at local rank `local`.
+    Remote { process: usize, local: usize },
+}
 
 /// One local replica of a process in a multi-process, multi-replica world.
 #[derive(Debug)]
@@ -180,30 +190,62 @@ impl HybridCommunicator {
         self.local.barrier()
     }
 
-    /// Sends to a replica of the same process (across processes is not supported yet).
+    /// Sends to global rank `dst`: through shared memory within this process, through MPI
+    /// (on this thread, non-blocking, polled against the timeout) to another process.
+    /// Returns once the message is taken (within a process: queued; across: handed to MPI).
     pub fn send<T: CommElement>(&self, data: &[T], dst: usize) -> Result<(), CommError> {
-        let local = self.same_process("send", dst)?;
-        self.local.send(data, local)
+        match self.locate("send", dst)? {
+            Peer::Local(local) => self.local.send(data, local),
+            Peer::Remote { process, local } => {
+                let wide: Vec<f32> = data.iter().map(|v| v.to_f32()).collect();
+                let tag = self.tag(self.local.rank(), local);
+                crate::mpi_p2p::send(&self.endpoint(), &wide, process, tag)
+            }
+        }
     }
 
-    /// Receives from a replica of the same process (across processes is not supported yet).
+    /// Receives from global rank `src` (the lengths must match).
     pub fn recv<T: CommElement>(&self, data: &mut [T], src: usize) -> Result<(), CommError> {
-        let local = self.same_process("recv", src)?;
-        self.local.recv(data, local)
+        match self.locate("recv", src)? {
+            Peer::Local(local) => self.local.recv(data, local),
+            Peer::Remote { process, local } => {
+                let tag = self.tag(local, self.local.rank());
+                let values = crate::mpi_p2p::recv(&self.endpoint(), data.len(), process, tag)?;
+                narrow_into(data, &values);
+                Ok(())
+            }
+        }
     }
 
-    fn same_process(&self, op: &'static str, peer: usize) -> Result<usize, CommError> {
-        let local_size = self.local.world_size();
-        if peer / local_size == self.process {
-            Ok(peer % local_size)
-        } else {
-            Err(CommError::InvalidArgument {
+    /// Where global rank `peer` lives.
+    fn locate(&self, op: &'static str, peer: usize) -> Result<Peer, CommError> {
+        if peer >= self.world_size() {
+            return Err(CommError::InvalidArgument {
                 op,
                 rank: self.rank(),
-                detail: format!(
-                    "rank {peer} is in another process; the hybrid backend supports point-to-point within a process only"
-                ),
-            })
+                detail: format!("rank {peer} is outside the world of {}", self.world_size()),
+            });
+        }
+        let local_size = self.local.world_size();
+        let (process, local) = (peer / local_size, peer % local_size);
+        Ok(if process == self.process {
+            Peer::Local(local)
+        } else {
+            Peer::Remote { process, local }
+        })
+    }
+
+    /// The MPI tag of messages from local replica `from` to local replica `to` (MPI's
+    /// source rank already names the process). Tag 0 stays the MPI backend's.
+    fn tag(&self, from: usize, to: usize) -> i32 {
+        (1 + from * self.local.world_size() + to) as i32
+    }
+
+    fn endpoint(&self) -> crate::mpi_p2p::Endpoint<'_> {
+        crate::mpi_p2p::Endpoint {
+            rank: self.rank(),
+            timeout: self.timeout(),
+            local: &self.local,
         }
     }
 

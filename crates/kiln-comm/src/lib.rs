@@ -56,6 +56,8 @@ mod hybrid;
 mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi_backend;
+#[cfg(feature = "mpi")]
+mod mpi_p2p;
 mod op;
 mod worker;
 

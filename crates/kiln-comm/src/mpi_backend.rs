@@ -46,12 +46,13 @@ impl MpiCommunicator {
         let thread = std::thread::Builder::new()
             .name("kiln-mpi".into())
             .spawn(move || {
-                let Some((universe, _threading)) =
+                let Some((universe, threading)) =
                     mpi::initialize_with_threading(mpi::Threading::Multiple)
                 else {
                     let _ = ready.send(None);
                     return;
                 };
+                crate::mpi_p2p::set_thread_multiple(threading == mpi::Threading::Multiple);
                 let world = universe.world();
                 let _ = ready.send(Some((world.rank() as usize, world.size() as usize)));
                 while let Ok(job) = receive_jobs.recv() {

@@ -395,6 +395,12 @@ impl InProcessCommunicator {
         }
     }
 
+    /// Fails once the group is poisoned (a rank failed, panicked or left).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn check_alive(&self) -> Result<(), CommError> {
+        self.shared.rendezvous.check("recv", self.rank)
+    }
+
     pub(crate) fn shared(&self) -> Arc<Shared> {
         Arc::clone(&self.shared)
     }
