@@ -80,6 +80,10 @@ struct Args {
     /// replica has its own CUDA device, else one host copy per bucket).
     #[arg(long, default_value = "auto")]
     gradient_path: String,
+    /// Synchronised batch norm: normalise with the statistics of every replica's batch
+    /// (exact backward; costs one extra segment forward per batch-norm layer).
+    #[arg(long)]
+    sync_bn: bool,
     /// ZeRO-1: shard optimizer state over replicas.
     #[arg(long)]
     zero1: bool,
@@ -186,6 +190,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     };
+    if args.sync_bn && args.amp != "f32" {
+        return Err("--sync-bn works with f32 data-parallel steps, not with --amp".into());
+    }
     let mode = match args.local_sgd {
         Some(period) => SyncMode::LocalSgd { period },
         None => SyncMode::Gradients,
@@ -198,6 +205,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         first_bucket_bytes: (args.bucket_kb << 10) / 4,
         divergence_check_every: args.check_every,
         gradient_path,
+        sync_batch_norm: args.sync_bn,
         ..DdpConfig::default()
     };
     let setup = Setup {

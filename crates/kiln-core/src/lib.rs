@@ -7,6 +7,7 @@
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
 //! - [`params`] — small helpers to enumerate a module's parameters.
+//! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
 #![warn(missing_docs)]
 
 pub mod classifier;
@@ -15,6 +16,7 @@ pub mod flat;
 pub mod params;
 pub mod seed;
 pub mod segment;
+pub mod sync_norm;
 
 pub use classifier::ImageClassifier;
 pub use device_spec::{DeviceSpec, DeviceSpecError};
@@ -25,3 +27,4 @@ pub use flat::{
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, with_seed};
 pub use segment::{Activation, SegmentId, Segmented, forward_segments};
+pub use sync_norm::{StatsReducer, StatsTape, sync_batch_norm, sync_batch_norm_active};

@@ -65,6 +65,10 @@ pub struct DdpConfig {
     pub timeout: std::time::Duration,
     /// Host buffer or device buckets (ZeRO-1 always stages through the host).
     pub gradient_path: GradientPath,
+    /// Synchronised batch norm: layers normalised with `kiln_core::sync_batch_norm` use
+    /// the statistics of every replica's batch, forward and backward (one small
+    /// all-reduce per layer each way). Other layers and evaluation are unaffected.
+    pub sync_batch_norm: bool,
 }
 
 impl Default for DdpConfig {
@@ -78,6 +82,7 @@ impl Default for DdpConfig {
             zero1: false,
             timeout: kiln_comm::DEFAULT_TIMEOUT,
             gradient_path: GradientPath::Auto,
+            sync_batch_norm: false,
         }
     }
 }

@@ -22,6 +22,9 @@
 //! - **Device gradients** ([`GradientPath`]): on accelerators, gradients stay on the device
 //!   and buckets are reduced by Burn's native all-reduce (NCCL) when every replica has its
 //!   own CUDA device, else staged through the host once per bucket.
+//! - **Synchronised batch norm** ([`DdpConfig::sync_batch_norm`]): layers normalised with
+//!   [`kiln_core::sync_batch_norm`] use the statistics of all replicas' batches, with an
+//!   exact backward, so N replicas train like one device even with batch norm.
 //! - **ZeRO-1** ([`DdpConfig::zero1`]): optimizer state sharded over replicas; gradients are
 //!   reduce-scattered and parameters all-gathered.
 #![warn(missing_docs)]
@@ -35,6 +38,7 @@ mod plan;
 mod runtime;
 mod step;
 mod sync;
+mod synced_pass;
 mod zero;
 
 pub use balance::BatchSplit;
@@ -47,5 +51,7 @@ pub use sync::average_buffers;
 
 #[cfg(test)]
 mod device_tests;
+#[cfg(test)]
+mod sync_bn_tests;
 #[cfg(test)]
 mod tests;

@@ -22,8 +22,30 @@ pub(crate) type OnGroup<'a> = &'a mut dyn FnMut(usize, &GradStore);
 pub(crate) type Pass<M> =
     fn(&M, ImageBatch, &FlatLayout, &mut GradStore, f32, OnGroup<'_>) -> (f32, usize);
 
+/// A pass with synchronised batch norm (see `synced_pass`), summing statistics over
+/// replicas through the reducer.
+pub(crate) type SyncedPass<M> = fn(
+    &M,
+    ImageBatch,
+    &FlatLayout,
+    &mut GradStore,
+    f32,
+    OnGroup<'_>,
+    kiln_core::StatsReducer,
+) -> (f32, usize);
+
 /// A model's trainable parameters grouped in backward order, for a [`Pass`].
 pub(crate) type Groups<M> = fn(&M) -> Vec<Vec<ParamInfo>>;
+
+/// How a step runs forward and backward for one model type.
+pub(crate) struct Passes<M> {
+    /// The plain pass.
+    pub plain: Pass<M>,
+    /// The same cut for synchronised batch norm.
+    pub synced: SyncedPass<M>,
+    /// The parameter groups both report, in backward order.
+    pub groups: Groups<M>,
+}
 
 fn trainable(infos: Vec<ParamInfo>) -> Vec<ParamInfo> {
     infos.into_iter().filter(|p| p.trainable).collect()
@@ -77,13 +99,9 @@ pub(crate) fn segmented_pass<M>(
 where
     M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
 {
-    // Burn 0.22 keeps every autodiff graph in one process-wide registry and, after each
-    // backward, sweeps graphs that look unreferenced. With graphs cut at segment boundaries,
-    // a sweep by another thread can drop parts of this pass's graph mid-flight: we measured
-    // wrong gradients (silently) with two concurrent segmented passes, and exact ones when
-    // they do not overlap. So segmented passes of in-process replicas take turns. A pass
-    // never waits on communication, so this cannot deadlock; replicas in separate processes
-    // (MPI) are unaffected.
+    // In-process replicas run this concurrently. (Wrong gradients once seen with concurrent
+    // passes came from Burn's lazy parameter initialisation, fixed by `init_module`; the
+    // equivalence tests and CI's MPI-versus-threads fingerprint check concurrent passes.)
     let middle = model.num_middle_segments();
     let mut outputs = Vec::with_capacity(middle + 1);
     let mut cuts = Vec::with_capacity(middle);

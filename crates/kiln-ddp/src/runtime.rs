@@ -8,9 +8,10 @@ use kiln_comm::{CommError, CommWorker, DeviceGroup, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented};
 use kiln_train::TrainError;
 
-use crate::pass::{full_pass, segment_groups, segmented_pass, whole_model_groups};
+use crate::pass::{Passes, full_pass, segment_groups, segmented_pass, whole_model_groups};
 use crate::step::Transport;
 use crate::sync::{Selection, broadcast, check_divergence};
+use crate::synced_pass::{synced_full_pass, synced_segmented_pass};
 use crate::{DdpConfig, DdpError, DdpStep};
 
 /// Runs a training closure on one replica per device, in threads of this process.
@@ -339,8 +340,11 @@ impl Replica {
         DdpStep::new(
             Arc::clone(&self.comm),
             self.config.clone(),
-            full_pass::<M>,
-            whole_model_groups::<M>,
+            Passes {
+                plain: full_pass::<M>,
+                synced: synced_full_pass::<M>,
+                groups: whole_model_groups::<M>,
+            },
             self.device.clone(),
             self.transport(),
         )
@@ -351,12 +355,16 @@ impl Replica {
     pub fn overlapped_step<M>(&self) -> DdpStep<M>
     where
         M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+        M::Hidden: std::ops::Add<Output = M::Hidden>,
     {
         DdpStep::new(
             Arc::clone(&self.comm),
             self.config.clone(),
-            segmented_pass::<M>,
-            segment_groups::<M>,
+            Passes {
+                plain: segmented_pass::<M>,
+                synced: synced_segmented_pass::<M>,
+                groups: segment_groups::<M>,
+            },
             self.device.clone(),
             self.transport(),
         )

@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::cell::RefCell;
 use std::ops::Range;
+use std::rc::Rc;
 
 use burn::tensor::{Device, FloatDType, Tensor};
 use half::{bf16, f16};
@@ -11,12 +13,12 @@ use kiln_comm::{
     CommElement, CommError, CommWorker, Communicator, DeviceGroup, Pending, PendingTensor,
     ReduceBuffer, ReduceOp,
 };
-use kiln_core::{FlatLayout, ImageClassifier, grads_from_flat};
+use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepOutput, TrainError};
 
 use crate::grads::{GradStore, device_tensor, grads_from_buckets};
-use crate::pass::{Groups, Pass};
+use crate::pass::{OnGroup, Passes};
 use crate::plan::BucketPlan;
 use crate::sync::{Selection, average, check_divergence};
 use crate::zero::ZeroPlan;
@@ -105,8 +107,7 @@ impl Transport {
 pub struct DdpStep<M> {
     comm: Arc<CommWorker>,
     config: DdpConfig,
-    pass: Pass<M>,
-    groups: Groups<M>,
+    passes: Passes<M>,
     plan: Option<BucketPlan>,
     zero: Option<ZeroPlan>,
     transport: Transport,
@@ -164,8 +165,7 @@ impl<M: ImageClassifier> DdpStep<M> {
     pub(crate) fn new(
         comm: Arc<CommWorker>,
         config: DdpConfig,
-        pass: Pass<M>,
-        groups: Groups<M>,
+        passes: Passes<M>,
         device: Device,
         transport: Transport,
     ) -> Self {
@@ -185,8 +185,7 @@ impl<M: ImageClassifier> DdpStep<M> {
         Self {
             comm,
             config,
-            pass,
-            groups,
+            passes,
             plan: None,
             zero: None,
             transport,
@@ -203,6 +202,43 @@ impl<M: ImageClassifier> DdpStep<M> {
     /// How gradients travel: host buffer, staged device buckets or native device all-reduce.
     pub fn transport(&self) -> &'static str {
         self.transport.name()
+    }
+
+    /// Forward and backward of one micro-batch (gradients scaled by its size into `store`),
+    /// with batch-norm statistics summed over replicas if so configured.
+    fn run_pass(
+        &self,
+        model: &M,
+        batch: ImageBatch,
+        layout: &FlatLayout,
+        store: &mut GradStore,
+        on_group: OnGroup<'_>,
+    ) -> Result<(f32, usize), TrainError> {
+        let size = batch.indices.len() as f32;
+        if !self.config.sync_batch_norm {
+            return Ok((self.passes.plain)(
+                model, batch, layout, store, size, on_group,
+            ));
+        }
+        // The reducer cannot fail the forward it runs in: it records the first error, the
+        // layers fall back to local statistics, and the step fails here instead.
+        let failure: Rc<RefCell<Option<CommError>>> = Rc::default();
+        let (comm, failed) = (Arc::clone(&self.comm), Rc::clone(&failure));
+        let reduce: StatsReducer = Box::new(move |values: Vec<f32>| {
+            if failed.borrow().is_some() {
+                return None;
+            }
+            let summed = comm.run(move |c| {
+                let mut values = values;
+                c.all_reduce(&mut values, ReduceOp::Sum).map(|_| values)
+            });
+            summed.map_err(|err| *failed.borrow_mut() = Some(err)).ok()
+        });
+        let result = (self.passes.synced)(model, batch, layout, store, size, on_group, reduce);
+        match failure.take() {
+            Some(err) => Err(err.into()),
+            None => Ok(result),
+        }
     }
 
     /// Starts the all-reduce of the bucket `range` of `store`, plus this replica's sample
@@ -348,14 +384,8 @@ impl<M: ImageClassifier> DdpStep<M> {
         let compute_start = Instant::now();
         for batch in batches {
             let size = batch.indices.len();
-            let (loss, right) = (self.pass)(
-                model,
-                batch,
-                &zero.full,
-                &mut store,
-                size as f32,
-                &mut |_, _| {},
-            );
+            let (loss, right) =
+                self.run_pass(model, batch, &zero.full, &mut store, &mut |_, _| {})?;
             loss_sum += f64::from(loss) * size as f64;
             correct += right;
         }
@@ -424,7 +454,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let plan = match self.plan.take() {
             Some(plan) => plan,
             None => BucketPlan::new(
-                (self.groups)(model),
+                (self.passes.groups)(model),
                 self.config.first_bucket_bytes,
                 self.config.bucket_cap_bytes,
             ),
@@ -451,8 +481,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
                     }
                 }
             };
-            let (loss, right) =
-                (self.pass)(model, batch, layout, &mut store, size as f32, &mut on_group);
+            let (loss, right) = self.run_pass(model, batch, layout, &mut store, &mut on_group)?;
             loss_sum += f64::from(loss) * size as f64;
             correct += right;
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::activation::relu;
@@ -21,16 +21,23 @@ use kiln_train::{LocalStep, TrainError, Trainer};
 
 use crate::{Compression, DataParallel, DdpConfig, DdpError, SyncMode};
 
-/// A user's own small model (no batch norm, so per-replica batches are exact).
+/// A user's own small model. Without batch norm (the default) per-replica batches are
+/// exact; with it, only synchronised batch norm makes replicas match one device.
 #[derive(Module, Debug)]
-struct TinyNet {
+pub(crate) struct TinyNet {
     stem: Conv2d,
     body: Vec<Conv2d>,
     head: Linear,
+    /// Batch norm after the stem and after each body convolution.
+    norms: Option<Vec<BatchNorm>>,
 }
 
 impl TinyNet {
-    fn new(device: &Device) -> Self {
+    pub(crate) fn new(device: &Device) -> Self {
+        Self::build(device, false)
+    }
+
+    pub(crate) fn build(device: &Device, batch_norm: bool) -> Self {
         let conv = |i, o| {
             Conv2dConfig::new([i, o], [3, 3])
                 .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
@@ -40,7 +47,26 @@ impl TinyNet {
             stem: conv(3, 6),
             body: vec![conv(6, 6), conv(6, 6)],
             head: LinearConfig::new(6, 4).init(device),
+            norms: batch_norm.then(|| {
+                (0..3)
+                    .map(|_| BatchNormConfig::new(6).init(device))
+                    .collect()
+            }),
         })
+    }
+
+    /// Batch norm `index` (synchronised in a synchronised pass), if the model has them.
+    fn norm(&self, index: usize, x: Tensor<4>) -> Tensor<4> {
+        match &self.norms {
+            Some(norms) => kiln_core::sync_batch_norm(&norms[index], x),
+            None => x,
+        }
+    }
+
+    fn visit_norm<V: burn::module::ModuleVisitor>(&self, index: usize, visitor: &mut V) {
+        if let Some(norms) = &self.norms {
+            norms[index].visit(visitor);
+        }
     }
 }
 
@@ -59,10 +85,10 @@ impl Segmented for TinyNet {
         self.body.len()
     }
     fn forward_input(&self, input: Tensor<4>) -> Tensor<4> {
-        relu(self.stem.forward(input))
+        relu(self.norm(0, self.stem.forward(input)))
     }
     fn forward_middle(&self, index: usize, hidden: Tensor<4>) -> Tensor<4> {
-        relu(self.body[index].forward(hidden.clone())) + hidden
+        relu(self.norm(index + 1, self.body[index].forward(hidden.clone()))) + hidden
     }
     fn forward_output(&self, hidden: Tensor<4>) -> Tensor<2> {
         let [batch, channels, _, _] = hidden.dims();
@@ -75,8 +101,14 @@ impl Segmented for TinyNet {
     }
     fn visit_segment<V: burn::module::ModuleVisitor>(&self, segment: SegmentId, visitor: &mut V) {
         match segment {
-            SegmentId::Input => self.stem.visit(visitor),
-            SegmentId::Middle(i) => self.body[i].visit(visitor),
+            SegmentId::Input => {
+                self.stem.visit(visitor);
+                self.visit_norm(0, visitor);
+            }
+            SegmentId::Middle(i) => {
+                self.body[i].visit(visitor);
+                self.visit_norm(i + 1, visitor);
+            }
             SegmentId::Output => self.head.visit(visitor),
         }
     }
@@ -88,13 +120,13 @@ pub(crate) fn data() -> SyntheticImages {
     SyntheticImages::new(240, 4, 3, [3, 6, 6])
 }
 
-fn optimizer() -> burn::optim::ModuleOptimizer {
+pub(crate) fn optimizer() -> burn::optim::ModuleOptimizer {
     SgdConfig::new()
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .init()
 }
 
-fn params<M: Module>(model: &M) -> Vec<Vec<f32>> {
+pub(crate) fn params<M: Module>(model: &M) -> Vec<Vec<f32>> {
     let layout = FlatLayout::new(param_infos(model));
     let flat = read_params(model, &layout);
     layout
@@ -122,6 +154,18 @@ pub(crate) fn single_on(
     micro: usize,
     shuffle: bool,
 ) -> Vec<Vec<f32>> {
+    single_model(device, source, batch, micro, shuffle, false)
+}
+
+/// [`single_on`] with or without batch norm in the model.
+pub(crate) fn single_model(
+    device: Device,
+    source: impl ImageSource,
+    batch: usize,
+    micro: usize,
+    shuffle: bool,
+    batch_norm: bool,
+) -> Vec<Vec<f32>> {
     let device = device.autodiff();
     let mut loader = DataLoader::builder(source)
         .batch_size(batch / micro)
@@ -129,7 +173,7 @@ pub(crate) fn single_on(
     if shuffle {
         loader = loader.shuffle(4);
     }
-    let (model, _) = Trainer::builder(TinyNet::new(&device), optimizer())
+    let (model, _) = Trainer::builder(TinyNet::build(&device, batch_norm), optimizer())
         .gradient_step(LocalStep)
         .schedule(kiln_train::LrSchedule::constant(0.2))
         .train_loader(loader.build())
@@ -151,6 +195,8 @@ pub(crate) struct Setup {
     pub micro: usize,
     pub overlapped: bool,
     pub config: DdpConfig,
+    /// Batch norm in the model.
+    pub batch_norm: bool,
     weights: Option<Vec<f64>>,
     batches: Option<Vec<usize>>,
 }
@@ -164,6 +210,7 @@ impl Setup {
             micro: 1,
             overlapped: true,
             config: DdpConfig::default(),
+            batch_norm: false,
             weights: None,
             batches: None,
         }
@@ -176,7 +223,7 @@ pub(crate) fn replicated(setup: &Setup) -> Vec<Vec<Vec<f32>>> {
         .config(setup.config.clone())
         .run(|replica| {
             let device = replica.train_device();
-            let model = replica.broadcast_module(TinyNet::new(&device))?;
+            let model = replica.broadcast_module(TinyNet::build(&device, setup.batch_norm))?;
             let batch = setup
                 .batches
                 .as_ref()
@@ -479,15 +526,24 @@ fn a_planted_parameter_mismatch_is_caught_and_named() {
 
 #[test]
 fn a_panicking_replica_stops_the_run_with_its_error_promptly() {
+    // Plain, and with synchronised batch norm (the others then wait in a statistics
+    // all-reduce inside forward).
+    for sync_batch_norm in [false, true] {
+        panicking_replica_run(sync_batch_norm);
+    }
+}
+
+fn panicking_replica_run(sync_batch_norm: bool) {
     let start = Instant::now();
     let result = DataParallel::new(vec![Device::flex(); 3])
         .config(DdpConfig {
             timeout: Duration::from_secs(60),
+            sync_batch_norm,
             ..DdpConfig::default()
         })
         .run(|replica| {
             let device = replica.train_device();
-            let model = replica.broadcast_module(TinyNet::new(&device))?;
+            let model = replica.broadcast_module(TinyNet::build(&device, sync_batch_norm))?;
             let loader = DataLoader::builder(data())
                 .batch_size(4)
                 .shard(replica.rank(), 3)
@@ -495,6 +551,12 @@ fn a_panicking_replica_stops_the_run_with_its_error_promptly() {
                 .build();
             let mut step = replica.overlapped_step();
             if replica.rank() == 1 {
+                if sync_batch_norm {
+                    // Before any step: the others wait in the first statistics all-reduce.
+                    // (Not after a step: a BN model ending training early averages its
+                    // running statistics, a collective the others would not match.)
+                    panic!("replica 1 exploded");
+                }
                 // Fails after one good step, while the others wait in the next all-reduce.
                 let (_, _) = Trainer::builder(model, optimizer())
                     .gradient_step(step)

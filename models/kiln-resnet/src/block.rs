@@ -9,7 +9,8 @@ use burn::tensor::{Device, FloatDType, Tensor};
 
 use crate::BlockKind;
 
-/// Applies `bn` under any mixed-precision policy.
+/// Applies `bn` under any mixed-precision policy, synchronised over data-parallel replicas
+/// when the step asks for it (`kiln_core::sync_batch_norm`, which computes in f32).
 ///
 /// - Everything in one dtype: the layer's own forward.
 /// - Layer kept f32, input in f16/bf16 (kiln-amp's default policy): the input is cast to
@@ -18,6 +19,9 @@ use crate::BlockKind;
 ///   kiln-amp's `cast_everything`): normalisation runs in half precision, saving the f32
 ///   copy of every activation, while the running statistics accumulate in f32.
 pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    if kiln_core::sync_batch_norm_active() {
+        return kiln_core::sync_batch_norm(bn, x);
+    }
     let layer = bn.gamma.val().dtype();
     let stats = bn.running_mean.value().dtype();
     let input = x.dtype();
