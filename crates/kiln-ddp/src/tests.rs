@@ -166,6 +166,44 @@ pub(crate) fn single_model(
     shuffle: bool,
     batch_norm: bool,
 ) -> Vec<Vec<f32>> {
+    let build = |device: &Device| TinyNet::build(device, batch_norm);
+    single_with(
+        device,
+        source,
+        batch,
+        micro,
+        shuffle,
+        &Schedule::default(),
+        build,
+    )
+}
+
+/// How long and how fast the equivalence runs train.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Schedule {
+    pub steps: usize,
+    pub lr: f64,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self {
+            steps: STEPS,
+            lr: 0.2,
+        }
+    }
+}
+
+/// [`single_on`] for any model `build` makes, on `schedule`.
+pub(crate) fn single_with<M: ImageClassifier>(
+    device: Device,
+    source: impl ImageSource,
+    batch: usize,
+    micro: usize,
+    shuffle: bool,
+    schedule: &Schedule,
+    build: impl Fn(&Device) -> M,
+) -> Vec<Vec<f32>> {
     let device = device.autodiff();
     let mut loader = DataLoader::builder(source)
         .batch_size(batch / micro)
@@ -173,12 +211,12 @@ pub(crate) fn single_model(
     if shuffle {
         loader = loader.shuffle(4);
     }
-    let (model, _) = Trainer::builder(TinyNet::build(&device, batch_norm), optimizer())
+    let (model, _) = Trainer::builder(build(&device), optimizer())
         .gradient_step(LocalStep)
-        .schedule(kiln_train::LrSchedule::constant(0.2))
+        .schedule(kiln_train::LrSchedule::constant(schedule.lr))
         .train_loader(loader.build())
         .accumulation_steps(micro)
-        .max_steps(STEPS)
+        .max_steps(schedule.steps)
         .progress(false)
         .log_epochs(false)
         .build()
@@ -197,6 +235,7 @@ pub(crate) struct Setup {
     pub config: DdpConfig,
     /// Batch norm in the model.
     pub batch_norm: bool,
+    pub schedule: Schedule,
     weights: Option<Vec<f64>>,
     batches: Option<Vec<usize>>,
 }
@@ -211,6 +250,7 @@ impl Setup {
             overlapped: true,
             config: DdpConfig::default(),
             batch_norm: false,
+            schedule: Schedule::default(),
             weights: None,
             batches: None,
         }
@@ -219,11 +259,23 @@ impl Setup {
 
 /// Trains `setup.world` replicas; returns every replica's final parameters.
 pub(crate) fn replicated(setup: &Setup) -> Vec<Vec<Vec<f32>>> {
+    replicated_with(setup, |device| TinyNet::build(device, setup.batch_norm))
+}
+
+/// [`replicated`] for any segmented model `build` makes (identically on every call).
+pub(crate) fn replicated_with<M>(
+    setup: &Setup,
+    build: impl Fn(&Device) -> M + Sync,
+) -> Vec<Vec<Vec<f32>>>
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M::Hidden: std::ops::Add<Output = M::Hidden>,
+{
     DataParallel::new(setup.devices.clone())
         .config(setup.config.clone())
         .run(|replica| {
             let device = replica.train_device();
-            let model = replica.broadcast_module(TinyNet::build(&device, setup.batch_norm))?;
+            let model = replica.broadcast_module(build(&device))?;
             let batch = setup
                 .batches
                 .as_ref()
@@ -237,10 +289,10 @@ pub(crate) fn replicated(setup: &Setup) -> Vec<Vec<Vec<f32>>> {
                 loader = loader.shard_weights(weights.clone());
             }
             let builder = Trainer::builder(model, optimizer())
-                .schedule(kiln_train::LrSchedule::constant(0.2))
+                .schedule(kiln_train::LrSchedule::constant(setup.schedule.lr))
                 .train_loader(loader.build())
                 .accumulation_steps(setup.micro)
-                .max_steps(STEPS)
+                .max_steps(setup.schedule.steps)
                 .progress(false)
                 .log_epochs(false);
             let model = if setup.overlapped {

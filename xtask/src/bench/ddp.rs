@@ -111,6 +111,22 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         )
         .spread(device_path.spread.max(overlapped.spread)),
     );
+    // Synchronised batch norm: per-layer statistics all-reduces and a replay of the
+    // segment's forward per batch-norm layer (see kiln_core::sync_norm).
+    let synced_bn = DdpConfig {
+        sync_batch_norm: true,
+        ..synchronous.clone()
+    };
+    let (synced_bn_step, _) = train(&devices, 2, synced_bn, args.quick)?;
+    out.figures.push(
+        Figure::new(
+            NAME,
+            "2 replicas: sync-BN step / plain step",
+            synced_bn_step.median / synced.median,
+            "ratio",
+        )
+        .spread(synced_bn_step.spread.max(synced.spread)),
+    );
     out.figures.push(
         Figure::new(
             NAME,
