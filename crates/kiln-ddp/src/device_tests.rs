@@ -6,7 +6,7 @@
 //! on the device, reduced buckets split back into parameters, sample-count weighting. The
 //! `cuda` tests run the native path on a GPU machine (`scripts/gpu-check.sh`).
 
-use crate::tests::{Setup, assert_close, data, replicated, single};
+use crate::test_support::{Setup, assert_close, data, replicated, single};
 use crate::{Compression, GradientPath, SyncMode};
 
 /// Device buckets (staged through the host on CPU: the same bucket assembly, splitting and
@@ -76,7 +76,7 @@ mod cuda {
     use burn::tensor::Device;
 
     use super::*;
-    use crate::tests::single_on;
+    use crate::test_support::single_on;
 
     fn gpus() -> usize {
         std::env::var("KILN_CUDA_DEVICES")

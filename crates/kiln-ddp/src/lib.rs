@@ -54,4 +54,6 @@ mod device_tests;
 #[cfg(test)]
 mod sync_bn_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;

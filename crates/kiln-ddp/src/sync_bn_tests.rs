@@ -4,7 +4,7 @@
 
 use burn::tensor::Device;
 
-use crate::tests::{Setup, assert_close, data, replicated, single_model};
+use crate::test_support::{Setup, assert_close, data, replicated, single_model};
 
 fn setup(world: usize, overlapped: bool, sync: bool) -> Setup {
     let mut setup = Setup::new(world, 4);
@@ -66,7 +66,7 @@ fn synchronised_resnet_matches_one_device() {
     use kiln_core::init_module;
     use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 
-    use crate::tests::{Schedule, replicated_with, single_with};
+    use crate::test_support::{Schedule, replicated_with, single_with};
 
     let resnet = |device: &Device| -> ResNet {
         init_module(device, 5, || {
