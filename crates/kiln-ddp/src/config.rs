@@ -66,8 +66,12 @@ pub struct DdpConfig {
     /// Host buffer or device buckets (ZeRO-1 always stages through the host).
     pub gradient_path: GradientPath,
     /// Synchronised batch norm: layers normalised with `kiln_core::sync_batch_norm` use
-    /// the statistics of every replica's batch, forward and backward (one small
-    /// all-reduce per layer each way). Other layers and evaluation are unaffected.
+    /// the statistics of every replica's batch, forward and backward (small all-reduces per
+    /// layer each way). Other layers and evaluation are unaffected. Backward replays the
+    /// forward of a layer's segment once per synchronised layer (see `kiln_core::sync_norm`),
+    /// so use it with [`Replica::overlapped_step`](crate::Replica::overlapped_step): with
+    /// [`Replica::gradient_step`](crate::Replica::gradient_step) the whole model is one
+    /// segment and is replayed once per layer.
     pub sync_batch_norm: bool,
 }
 
