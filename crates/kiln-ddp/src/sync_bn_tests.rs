@@ -38,6 +38,22 @@ fn synchronised_batch_norm_matches_one_device_on_the_union_batch() {
 }
 
 #[test]
+fn synchronised_batch_norm_composes_with_zero1_and_device_gradients() {
+    let reference = single_model(Device::flex(), data(), 8, 1, true, true);
+    let mut zero = setup(2, true, true);
+    zero.config.zero1 = true;
+    assert_close(&replicated(&zero), &reference, 1e-5, "sync BN + ZeRO-1");
+    let mut device = setup(2, true, true);
+    device.config.gradient_path = crate::GradientPath::Device;
+    assert_close(
+        &replicated(&device),
+        &reference,
+        1e-5,
+        "sync BN + device gradients",
+    );
+}
+
+#[test]
 fn without_synchronisation_batch_norm_replicas_differ_from_one_device() {
     // The control: per-replica statistics give a different model, so the test above can fail.
     let reference = single_model(Device::flex(), data(), 8, 1, true, true);
