@@ -1,51 +1,103 @@
-//! Collectives on device tensors through Burn's own all-reduce (NCCL on CUDA).
+//! Collectives on device tensors: Burn's own all-reduce (NCCL on CUDA), or a host
+//! communicator.
 //!
 //! The host communicators reduce `f32` buffers in memory; GPUs of one process can do better:
 //! Burn 0.22's `all_reduce` runs NCCL on a stream of its own, so a gradient bucket is reduced
-//! without leaving the devices and while later kernels keep running. [`DeviceGroup`] is that
-//! path: one per replica thread, over the distinct CUDA devices of this process.
+//! without leaving the devices and while later kernels keep running. [`DeviceGroup`] gives
+//! device tensors one all-reduce over either: [`DeviceGroup::native`] over the distinct CUDA
+//! devices of this process, or [`DeviceGroup::through_host`] over any communicator (the
+//! tensor is copied to the host on the communication thread, reduced in its own element
+//! type, and copied back), for MPI worlds, replicas sharing a device, wgpu and CPU. kiln's
+//! data-parallel step uses the same code over both, which is how its GPU path is tested on
+//! CPU.
 //!
 //! Burn's collective has no timeout of its own (NCCL waits for every rank inside a kernel),
 //! so callers that must not hang (kiln's data-parallel step does this) prove with a host
 //! collective, which does time out, that every rank has enqueued the same operations before
 //! they [`wait`](PendingTensor::wait) on the result.
 
+use std::sync::Arc;
+
 use burn::tensor::distributed::{CollectiveTensor, ReduceOperation, all_reduce};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use half::{bf16, f16};
 
-use crate::{CommError, ReduceOp};
+use crate::{CommError, CommWorker, Communicator, Pending, ReduceOp, Timed};
 
-/// The devices of this process whose tensors reduce through Burn's native collective, as
-/// seen by one of them (its rank).
+/// Device tensors reduced across replicas, as seen by one of them (its rank).
 #[derive(Debug, Clone)]
 pub struct DeviceGroup {
-    devices: Vec<Device>,
+    backend: Backend,
     rank: usize,
+    world_size: usize,
 }
 
-/// A native all-reduce in flight; [`wait`](Self::wait) for its result.
+#[derive(Debug, Clone)]
+enum Backend {
+    /// Burn's collective over these devices (this rank's is `devices[rank]`).
+    Native { devices: Vec<Device> },
+    /// A host communicator; results go back to `device`.
+    Host {
+        comm: Arc<CommWorker>,
+        device: Device,
+    },
+}
+
+/// An all-reduce in flight; [`wait`](Self::wait) for its result.
 pub struct PendingTensor<const D: usize> {
-    collective: CollectiveTensor<D>,
+    inner: Inner<D>,
+}
+
+enum Inner<const D: usize> {
+    Native(CollectiveTensor<D>),
+    Host {
+        pending: Pending<TensorData>,
+        device: Device,
+    },
 }
 
 impl<const D: usize> std::fmt::Debug for PendingTensor<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PendingTensor")
+        f.write_str(match self.inner {
+            Inner::Native(_) => "PendingTensor(native)",
+            Inner::Host { .. } => "PendingTensor(host)",
+        })
     }
 }
 
 impl<const D: usize> PendingTensor<D> {
-    /// Orders the reduction before any later use of the tensor and returns it. Blocks only
-    /// as long as the runtime takes to queue that order, not for the reduction itself.
-    pub fn wait(self) -> Tensor<D> {
-        self.collective.resolve()
+    /// The reduced tensor. Native: orders the reduction before any later use of the tensor,
+    /// blocking only while the runtime queues that order. Host: waits (with the
+    /// communicator's timeout) for the reduction.
+    ///
+    /// Also returns how long the communication thread spent on it (zero on the native
+    /// path, whose reduction runs on NCCL's stream, untimed).
+    ///
+    /// # Errors
+    /// The host communicator's error (timeout, lost peer); the native path reports none.
+    pub fn wait(self) -> Result<Timed<Tensor<D>>, CommError> {
+        match self.inner {
+            Inner::Native(collective) => Ok(Timed {
+                value: collective.resolve(),
+                busy: std::time::Duration::ZERO,
+            }),
+            Inner::Host { pending, device } => {
+                let done = pending.wait()?;
+                let dtype = done.value.dtype();
+                Ok(Timed {
+                    // In the element type it travelled in (the input's).
+                    value: Tensor::from_data(done.value, (&device, dtype)),
+                    busy: done.busy,
+                })
+            }
+        }
     }
 }
 
 impl DeviceGroup {
     /// Whether Burn has a native collective over `devices`: every one a distinct CUDA
     /// device (kiln built with feature `cuda`). Several replicas sharing one GPU, CPU
-    /// devices and wgpu are served by the host communicators instead.
+    /// devices and wgpu use [`DeviceGroup::through_host`] instead.
     pub fn supported(devices: &[Device]) -> bool {
         let indices: Option<Vec<usize>> = devices.iter().map(cuda_index).collect();
         match indices {
@@ -59,12 +111,12 @@ impl DeviceGroup {
         }
     }
 
-    /// The group over `devices`, seen by `devices[rank]`.
+    /// Burn's native collective over `devices`, seen by `devices[rank]`.
     ///
     /// # Errors
     /// [`CommError::Unsupported`] unless [`DeviceGroup::supported`] holds, and
     /// [`CommError::InvalidArgument`] if `rank` is out of range.
-    pub fn new(devices: Vec<Device>, rank: usize) -> Result<Self, CommError> {
+    pub fn native(devices: Vec<Device>, rank: usize) -> Result<Self, CommError> {
         if rank >= devices.len() {
             return Err(CommError::InvalidArgument {
                 op: "device group",
@@ -83,7 +135,30 @@ impl DeviceGroup {
                 ),
             });
         }
-        Ok(Self { devices, rank })
+        let world_size = devices.len();
+        Ok(Self {
+            backend: Backend::Native { devices },
+            rank,
+            world_size,
+        })
+    }
+
+    /// Device tensors on `device` reduced through `comm` (any backend, any world).
+    pub fn through_host(comm: Arc<CommWorker>, device: Device) -> Self {
+        let (rank, world_size) = (comm.rank(), comm.world_size());
+        Self {
+            backend: Backend::Host {
+                comm,
+                device: device.without_autodiff(),
+            },
+            rank,
+            world_size,
+        }
+    }
+
+    /// Whether this is Burn's native collective.
+    pub fn is_native(&self) -> bool {
+        matches!(self.backend, Backend::Native { .. })
     }
 
     /// This rank.
@@ -91,41 +166,97 @@ impl DeviceGroup {
         self.rank
     }
 
-    /// Devices in the group.
+    /// Ranks in the group.
     pub fn world_size(&self) -> usize {
-        self.devices.len()
+        self.world_size
     }
 
     /// This rank's device.
     pub fn device(&self) -> &Device {
-        &self.devices[self.rank]
+        match &self.backend {
+            Backend::Native { devices } => &devices[self.rank],
+            Backend::Host { device, .. } => device,
+        }
     }
 
     /// Starts reducing `tensor` (on this rank's device, not tracked by autodiff) with every
-    /// other device of the group. Every rank must start the same reductions in the same order.
+    /// other rank. Every rank must start the same reductions in the same order. Half-
+    /// precision tensors travel as halves (reduced in `f32` on the host path).
     ///
     /// # Errors
-    /// [`CommError::Unsupported`] for `Max` and `Min` (Burn reduces by sum or mean only).
+    /// [`CommError::Unsupported`] for `Max` and `Min` on the native path (Burn reduces by
+    /// sum or mean only).
     pub fn all_reduce<const D: usize>(
         &self,
         tensor: Tensor<D>,
         op: ReduceOp,
     ) -> Result<PendingTensor<D>, CommError> {
-        let op = match op {
-            ReduceOp::Sum => ReduceOperation::Sum,
-            ReduceOp::Mean => ReduceOperation::Mean,
-            other => {
-                return Err(CommError::Unsupported {
-                    op: "device all_reduce",
-                    rank: self.rank,
-                    detail: format!("Burn's collective reduces by sum or mean, not {other:?}"),
-                });
+        match &self.backend {
+            Backend::Native { devices } => {
+                let op = match op {
+                    ReduceOp::Sum => ReduceOperation::Sum,
+                    ReduceOp::Mean => ReduceOperation::Mean,
+                    other => {
+                        return Err(CommError::Unsupported {
+                            op: "device all_reduce",
+                            rank: self.rank,
+                            detail: format!(
+                                "Burn's collective reduces by sum or mean, not {other:?}"
+                            ),
+                        });
+                    }
+                };
+                Ok(PendingTensor {
+                    inner: Inner::Native(all_reduce(tensor, op, devices.clone())),
+                })
             }
-        };
-        Ok(PendingTensor {
-            collective: all_reduce(tensor, op, self.devices.clone()),
-        })
+            Backend::Host { comm, device } => {
+                // Copied to the host on the communication thread, so the caller goes on
+                // queueing work meanwhile.
+                let pending = comm.submit(move |c| reduce_on_host(c, tensor.into_data(), op));
+                Ok(PendingTensor {
+                    inner: Inner::Host {
+                        pending,
+                        device: device.clone(),
+                    },
+                })
+            }
+        }
     }
+}
+
+/// All-reduces `data` through `comm` in its own element type (halves stay halves).
+fn reduce_on_host(
+    comm: &Communicator,
+    data: TensorData,
+    op: ReduceOp,
+) -> Result<TensorData, CommError> {
+    let shape = data.shape().clone();
+    let invalid = |err: &dyn std::fmt::Debug| CommError::InvalidArgument {
+        op: "device all_reduce",
+        rank: comm.rank(),
+        detail: format!("{err:?}"),
+    };
+    Ok(match data.dtype() {
+        DType::F16 => {
+            let mut values = data.try_into_vec::<f16>().map_err(|e| invalid(&e))?;
+            comm.all_reduce(&mut values, op)?;
+            TensorData::new(values, shape)
+        }
+        DType::BF16 => {
+            let mut values = data.try_into_vec::<bf16>().map_err(|e| invalid(&e))?;
+            comm.all_reduce(&mut values, op)?;
+            TensorData::new(values, shape)
+        }
+        _ => {
+            let mut values = data
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .map_err(|e| invalid(&e))?;
+            comm.all_reduce(&mut values, op)?;
+            TensorData::new(values, shape)
+        }
+    })
 }
 
 /// The CUDA index of `device`, if it is a CUDA device.
@@ -151,11 +282,65 @@ mod tests {
     fn cpu_devices_are_refused_with_a_reason() {
         assert!(!DeviceGroup::supported(&[Device::flex(), Device::flex()]));
         assert!(!DeviceGroup::supported(&[]));
-        let err = DeviceGroup::new(vec![Device::flex(); 2], 0).unwrap_err();
+        let err = DeviceGroup::native(vec![Device::flex(); 2], 0).unwrap_err();
         assert!(matches!(err, CommError::Unsupported { .. }), "{err}");
         assert!(err.to_string().contains("distinct CUDA devices"), "{err}");
-        let err = DeviceGroup::new(vec![Device::flex(); 2], 2).unwrap_err();
+        let err = DeviceGroup::native(vec![Device::flex(); 2], 2).unwrap_err();
         assert!(matches!(err, CommError::InvalidArgument { .. }), "{err}");
+    }
+
+    /// The host-backed group reduces device tensors in their own dtype, for any world.
+    #[test]
+    fn through_host_reduces_f32_and_half_tensors() {
+        use crate::InProcessGroup;
+        use burn::tensor::{FloatDType, TensorData};
+
+        let world = 3;
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = InProcessGroup::new(world)
+                .build()
+                .into_iter()
+                .map(|comm| {
+                    scope.spawn(move || {
+                        let comm = Arc::new(CommWorker::spawn(comm));
+                        let group = DeviceGroup::through_host(comm, Device::flex());
+                        assert!(!group.is_native());
+                        let rank = group.rank() as f32;
+                        let values: Vec<f32> = (0..7).map(|i| i as f32 + rank).collect();
+                        let tensor =
+                            Tensor::<2>::from_data(TensorData::new(values, [7, 1]), group.device());
+                        let sum = group.all_reduce(tensor.clone(), ReduceOp::Sum).unwrap();
+                        let max = group.all_reduce(tensor.clone(), ReduceOp::Max).unwrap();
+                        let half = tensor.cast(FloatDType::F16);
+                        let half_sum = group.all_reduce(half, ReduceOp::Sum).unwrap();
+                        let read = |t: Tensor<2>| {
+                            (
+                                t.dims(),
+                                t.dtype(),
+                                t.into_data()
+                                    .convert::<f32>()
+                                    .try_into_vec::<f32>()
+                                    .unwrap(),
+                            )
+                        };
+                        (
+                            read(sum.wait().unwrap().value),
+                            read(max.wait().unwrap().value),
+                            read(half_sum.wait().unwrap().value),
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (sum, max, half_sum) in results {
+            let expect_sum: Vec<f32> = (0..7).map(|i| 3.0 * i as f32 + 3.0).collect();
+            let expect_max: Vec<f32> = (0..7).map(|i| i as f32 + 2.0).collect();
+            assert_eq!(sum.0, [7, 1]);
+            assert_eq!((sum.1, sum.2), (DType::F32, expect_sum.clone()));
+            assert_eq!(max.2, expect_max);
+            assert_eq!((half_sum.1, half_sum.2), (DType::F16, expect_sum));
+        }
     }
 }
 
@@ -180,7 +365,7 @@ mod cuda_tests {
                 .map(|rank| {
                     let devices = devices.clone();
                     scope.spawn(move || {
-                        let group = DeviceGroup::new(devices, rank).unwrap();
+                        let group = DeviceGroup::native(devices, rank).unwrap();
                         let values: Vec<f32> = (0..1009).map(|i| (i * (rank + 1)) as f32).collect();
                         let tensor = Tensor::<1>::from_data(
                             TensorData::new(values.clone(), [values.len()]),
@@ -189,7 +374,10 @@ mod cuda_tests {
                         let sum = group.all_reduce(tensor.clone(), ReduceOp::Sum).unwrap();
                         let mean = group.all_reduce(tensor, ReduceOp::Mean).unwrap();
                         let read = |t: Tensor<1>| t.into_data().try_into_vec_as::<f32>().unwrap();
-                        (read(sum.wait()), read(mean.wait()))
+                        (
+                            read(sum.wait().unwrap().value),
+                            read(mean.wait().unwrap().value),
+                        )
                     })
                 })
                 .collect();

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Gradients, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Tensor};
 use kiln_core::{FlatLayout, GradWriter};
 
 /// A replica's accumulated gradients, in the order of a [`FlatLayout`].
@@ -183,10 +183,4 @@ pub(crate) fn grads_from_buckets<M: burn::module::Module>(
     };
     module.visit(&mut reader);
     reader.out
-}
-
-/// A tensor of `values` on `device`.
-pub(crate) fn device_tensor(values: Vec<f32>, device: &Device) -> Tensor<1> {
-    let len = values.len();
-    Tensor::from_data(TensorData::new(values, [len]), device)
 }

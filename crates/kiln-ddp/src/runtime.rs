@@ -147,7 +147,7 @@ impl DataParallel {
                 .map(|(local_rank, (comm, device))| {
                     let (rank, world_size) = (comm.rank(), comm.world_size());
                     let device_group = (native && DeviceGroup::supported(&self.devices))
-                        .then(|| DeviceGroup::new(self.devices.clone(), local_rank).ok())
+                        .then(|| DeviceGroup::native(self.devices.clone(), local_rank).ok())
                         .flatten();
                     let comm = Arc::new(CommWorker::spawn(comm));
                     let abort = comm.abort_handle();
@@ -326,6 +326,7 @@ impl Replica {
             self.config.gradient_path,
             &self.device,
             self.device_group.clone(),
+            &self.comm,
         )
     }
 

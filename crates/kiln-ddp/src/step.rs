@@ -17,7 +17,7 @@ use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepOutput, TrainError};
 
-use crate::grads::{GradStore, device_tensor, grads_from_buckets};
+use crate::grads::{GradStore, grads_from_buckets};
 use crate::pass::{OnGroup, Passes};
 use crate::plan::BucketPlan;
 use crate::sync::{Selection, average, check_divergence};
@@ -62,25 +62,31 @@ impl SyncStats {
 pub(crate) enum Transport {
     /// A host buffer, reduced by the communicator.
     Host,
-    /// Device buckets, each copied to the host once for the communicator.
-    Staged,
-    /// Device buckets reduced by Burn's native collective.
-    Native(DeviceGroup),
+    /// Device buckets, reduced by Burn's native collective or staged through the host
+    /// (the same step code either way).
+    Device(DeviceGroup),
 }
 
 impl Transport {
-    /// The transport `path` asks for on `device`; `group` is the native collective over
-    /// this process's replicas, when Burn has one for their devices.
-    pub(crate) fn choose(path: GradientPath, device: &Device, group: Option<DeviceGroup>) -> Self {
+    /// The transport `path` asks for on `device`; `native` is Burn's collective over this
+    /// process's replicas, when it has one for their devices.
+    pub(crate) fn choose(
+        path: GradientPath,
+        device: &Device,
+        native: Option<DeviceGroup>,
+        comm: &Arc<CommWorker>,
+    ) -> Self {
         let on_device = match path {
             GradientPath::Host => false,
             GradientPath::Device => true,
             GradientPath::Auto => *device != Device::flex(),
         };
-        match (on_device, group) {
+        match (on_device, native) {
             (false, _) => Transport::Host,
-            (true, Some(group)) => Transport::Native(group),
-            (true, None) => Transport::Staged,
+            (true, Some(group)) => Transport::Device(group),
+            (true, None) => {
+                Transport::Device(DeviceGroup::through_host(Arc::clone(comm), device.clone()))
+            }
         }
     }
 
@@ -88,8 +94,8 @@ impl Transport {
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Transport::Host => "host buffer",
-            Transport::Staged => "device buckets staged through the host",
-            Transport::Native(_) => "device buckets, native all-reduce",
+            Transport::Device(group) if group.is_native() => "device buckets, native all-reduce",
+            Transport::Device(_) => "device buckets staged through the host",
         }
     }
 }
@@ -119,8 +125,8 @@ pub struct DdpStep<M> {
 enum InFlight {
     /// Through the communicator: the reduced values followed by the total sample count.
     Host(Range<usize>, Pending<Vec<f32>>),
-    /// Through Burn's native collective.
-    Native(Range<usize>, PendingTensor<1>),
+    /// Through a [`DeviceGroup`] (native or staged).
+    Device(Range<usize>, PendingTensor<1>),
 }
 
 /// A bucket laid out for the communicator, in the element type that travels.
@@ -177,7 +183,7 @@ impl<M: ImageClassifier> DdpStep<M> {
         };
         let store = match transport {
             Transport::Host => GradStore::Host(Vec::new()),
-            Transport::Staged | Transport::Native(_) => GradStore::Device {
+            Transport::Device(_) => GradStore::Device {
                 device,
                 slots: Vec::new(),
             },
@@ -241,8 +247,8 @@ impl<M: ImageClassifier> DdpStep<M> {
         }
     }
 
-    /// Starts the all-reduce of the bucket `range` of `store`, plus this replica's sample
-    /// count (on the communicator paths).
+    /// Starts the all-reduce of the bucket `range` of `store` (on the host buffer, with this
+    /// replica's sample count appended).
     fn submit(
         &self,
         store: &GradStore,
@@ -250,11 +256,9 @@ impl<M: ImageClassifier> DdpStep<M> {
         range: Range<usize>,
         samples: usize,
     ) -> InFlight {
-        let (compression, world) = (self.config.compression, self.comm.world_size());
-        let count = std::iter::once(samples as f32);
-        let len = range.len() + 1;
+        let compression = self.config.compression;
         match (&self.transport, store) {
-            (Transport::Native(group), _) => {
+            (Transport::Device(group), _) => {
                 let bucket = store.bucket(layout, range.clone());
                 let bucket = match compression {
                     Compression::None => bucket,
@@ -263,25 +267,18 @@ impl<M: ImageClassifier> DdpStep<M> {
                 };
                 let pending = group
                     .all_reduce(bucket, ReduceOp::Sum)
-                    .expect("Burn's collective sums");
-                InFlight::Native(range, pending)
+                    .expect("every device collective sums");
+                InFlight::Device(range, pending)
             }
-            (_, GradStore::Host(flat)) => {
+            (Transport::Host, GradStore::Host(flat)) => {
+                let count = std::iter::once(samples as f32);
                 let values = flat[range.clone()].iter().copied().chain(count);
-                let prepared = Prepared::new(values, len, compression, world);
+                let world = self.comm.world_size();
+                let prepared = Prepared::new(values, range.len() + 1, compression, world);
                 InFlight::Host(range, self.comm.submit(move |c| prepared.reduce(c)))
             }
-            (_, GradStore::Device { .. }) => {
-                // The copy to the host happens on the communication thread, so this thread
-                // goes on queueing backward meanwhile.
-                let bucket = store.bucket(layout, range.clone());
-                let pending = self.comm.submit(move |c| {
-                    let values = bucket.into_data().convert::<f32>();
-                    let values = values.as_slice::<f32>().expect("converted to f32");
-                    let values = values.iter().copied().chain(count);
-                    Prepared::new(values, len, compression, world).reduce(c)
-                });
-                InFlight::Host(range, pending)
+            (Transport::Host, GradStore::Device { .. }) => {
+                unreachable!("a host transport keeps a host store")
             }
         }
     }
@@ -296,10 +293,11 @@ impl<M: ImageClassifier> DdpStep<M> {
     ) -> Result<Finished, TrainError> {
         let mut total = samples as f32;
         let mut communication = Duration::ZERO;
-        if in_flight.iter().any(|f| matches!(f, InFlight::Native(..))) {
-            // NCCL waits for its peers without a timeout. Every rank reduces its sample count
-            // here only after enqueuing all its buckets, so once this (timed) collective
-            // succeeds every bucket has all its ranks, and a lost peer is an error instead.
+        if in_flight.iter().any(|f| matches!(f, InFlight::Device(..))) {
+            // Device buckets carry no count. And NCCL waits for its peers without a timeout:
+            // every rank reduces its sample count here only after enqueuing all its buckets,
+            // so once this (timed) collective succeeds every bucket has all its ranks, and a
+            // lost peer is an error instead of a hang.
             let count = self
                 .comm
                 .submit(move |c| {
@@ -318,15 +316,14 @@ impl<M: ImageClassifier> DdpStep<M> {
                     communication += done.busy;
                     let (values, count) = done.value.split_at(range.len());
                     total = count[0];
-                    match store {
-                        GradStore::Host(flat) => flat[range].copy_from_slice(values),
-                        GradStore::Device { device, .. } => {
-                            reduced.push((range, device_tensor(values.to_vec(), device)));
-                        }
+                    if let GradStore::Host(flat) = store {
+                        flat[range].copy_from_slice(values);
                     }
                 }
-                InFlight::Native(range, pending) => {
-                    let bucket = pending.wait();
+                InFlight::Device(range, pending) => {
+                    let done = pending.wait()?;
+                    communication += done.busy;
+                    let bucket = done.value;
                     let bucket = match self.config.compression {
                         Compression::None => bucket,
                         Compression::F16 | Compression::Bf16 => bucket.cast(FloatDType::F32),
