@@ -40,7 +40,9 @@ pub struct AmpStats {
 /// use kiln_train::Trainer;
 ///
 /// let device = Device::flex().autodiff();
-/// let model = ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device);
+/// let model = kiln_core::init_module(&device, 42, || {
+///     ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device)
+/// });
 /// let loader = DataLoader::builder(SyntheticImages::new(16, 4, 1, [3, 8, 8])).batch_size(8).device(device).build();
 /// let (model, _) = Trainer::builder(model, SgdConfig::new().init())
 ///     .gradient_step(AmpStep::new(Precision::Bf16))

@@ -28,7 +28,9 @@ use crate::{DdpConfig, DdpError, DdpStep};
 /// let reports = DataParallel::new(vec![Device::flex(), Device::flex()])
 ///     .run(|replica| {
 ///         let device = replica.train_device();
-///         let model = ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device);
+///         let model = kiln_core::init_module(&device, 42, || {
+///             ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device)
+///         });
 ///         let model = replica.broadcast_module(model)?; // identical start
 ///         let loader = DataLoader::builder(data.clone())
 ///             .batch_size(8)

@@ -15,7 +15,9 @@
 //! use kiln_train::{LrSchedule, Trainer};
 //!
 //! let device = Device::flex().autodiff();
-//! let model = ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device);
+//! let model = kiln_core::init_module(&device, 42, || {
+//!     ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device)
+//! });
 //! let data = SyntheticImages::new(16, 4, 1, [3, 8, 8]);
 //! let loader = DataLoader::builder(data).batch_size(8).device(device.clone()).build();
 //! let trainer = Trainer::builder(model, SgdConfig::new().init())
