@@ -89,6 +89,16 @@ pub trait Segmented: Module {
     /// Visits the parameters owned by `segment`.
     fn visit_segment<V: ModuleVisitor>(&self, segment: SegmentId, visitor: &mut V);
 
+    /// Whether, inside every segment, the segment's input is the only value that more than
+    /// one operation reads (true of residual blocks: the skip path and the first convolution
+    /// read the block input, nothing else forks). With it, synchronised batch norm
+    /// ([`crate::sync_norm`]) reuses a segment's graph for consecutive backward pieces until
+    /// one reaches the segment input, replaying the segment's forward less often. Claiming
+    /// it wrongly makes Burn refuse a backward (a panic), never a wrong gradient.
+    fn only_input_forks(&self) -> bool {
+        false
+    }
+
     /// Every segment in forward order.
     fn segments(&self) -> Vec<SegmentId> {
         let mut ids = Vec::with_capacity(self.num_middle_segments() + 2);

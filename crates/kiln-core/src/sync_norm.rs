@@ -13,10 +13,11 @@
 //! during forward; kiln's data-parallel pass then runs backward piece by piece, in reverse,
 //! and at each cut all-reduces the statistics' gradients before sending the completed input
 //! gradient upstream. Burn consumes every node a backward visits, and the pieces of a
-//! residual block share its input (the skip path and the convolution both read it), so each
-//! piece below the first runs on a replay of its segment's forward
+//! residual block share its input (the skip path and the convolution both read it), so a
+//! piece whose graph was consumed runs on a replay of its segment's forward
 //! ([`StatsTape::replay`]: the recorded statistics, no collectives, no running-statistics
-//! update). That costs one extra segment forward per synchronised layer. Outside such a
+//! update). That costs up to one extra segment forward per synchronised layer (one per
+//! residual block for models declaring `Segmented::only_input_forks`). Outside such a
 //! pass (one device, evaluation, or a step without synchronised batch norm),
 //! [`sync_batch_norm`] is exactly `bn.forward(x)`.
 //!

@@ -68,8 +68,8 @@ pub struct DdpConfig {
     /// Synchronised batch norm: layers normalised with `kiln_core::sync_batch_norm` use
     /// the statistics of every replica's batch, forward and backward (small all-reduces per
     /// layer each way). Other layers and evaluation are unaffected. Backward replays the
-    /// forward of a layer's segment once per synchronised layer (see `kiln_core::sync_norm`),
-    /// so use it with [`Replica::overlapped_step`](crate::Replica::overlapped_step): with
+    /// forward of a layer's segment up to once per synchronised layer (see
+    /// `kiln_core::sync_norm` and `Segmented::only_input_forks`), so use it with [`Replica::overlapped_step`](crate::Replica::overlapped_step): with
     /// [`Replica::gradient_step`](crate::Replica::gradient_step) the whole model is one
     /// segment and is replayed once per layer.
     pub sync_batch_norm: bool,

@@ -10,10 +10,13 @@
 //! complete when used.
 //!
 //! Burn consumes every node a backward visits, and the pieces of a residual segment share
-//! its input (the skip path and the first convolution both read it), so every piece but the
-//! first of a segment runs on a replay of the segment's forward with the recorded
-//! statistics ([`StatsTape::replay`]). A segment's parameters are complete once its pieces
-//! are done: its buckets start then, as in the plain pass.
+//! its input (the skip path and the first convolution both read it), so a piece whose graph
+//! was already consumed runs on a replay of the segment's forward with the recorded
+//! statistics ([`StatsTape::replay`]). Without more knowledge every piece but the first gets
+//! a replay; a model whose segments fork only at their input
+//! ([`Segmented::only_input_forks`], kiln's ResNet) keeps using a graph until a piece
+//! reaches the segment input. A segment's parameters are complete once its pieces are
+//! done: its buckets start then, as in the plain pass.
 
 use std::ops::{Add, Range};
 
@@ -53,26 +56,65 @@ fn accumulate<H: Add<Output = H>>(slot: &mut Option<H>, grad: Option<H>) {
     }
 }
 
+/// Where the pieces of a segment run.
+struct Pieces<'a, H> {
+    /// The recorded graph's input leaf of the segment (if the segment has one).
+    input: Option<&'a H>,
+    /// Whether pieces may share a graph until one reaches the segment input
+    /// ([`Segmented::only_input_forks`]); without it, every piece gets a fresh replay.
+    reuse: bool,
+    /// Whether the recorded graph can still run a piece (its input not yet reached).
+    recorded_usable: bool,
+}
+
+/// A graph a piece runs on: the recorded one, or a replay with its own input leaf.
+enum Instance<H> {
+    Recorded,
+    Replay(StatsTape, Option<H>),
+}
+
 /// The pieces below a segment's first: for each synchronised layer of `range`, from the
-/// last, complete its input gradient and backpropagate it on a replay of the segment.
-/// `replay` reruns the segment's forward and returns the replay's input leaf, if the
-/// segment has one, whose gradient goes to `input_grad`.
+/// last, complete its input gradient and backpropagate it, on the recorded graph while
+/// that is safe, else on a replay of the segment (`replay` reruns the segment's forward and
+/// returns the replay's input leaf, if the segment has one). Gradients reaching the
+/// segment input go to `input_grad`.
 fn synchronised_pieces<M: ImageClassifier, H: Activation + Add<Output = H>>(
     sink: &mut Sink<'_, M>,
     tape: &mut StatsTape,
     range: Range<usize>,
+    pieces: Pieces<'_, H>,
     replay: impl Fn() -> Option<H>,
     input_grad: &mut Option<H>,
 ) {
+    let mut current = (pieces.reuse && pieces.recorded_usable).then_some(Instance::Recorded);
     for index in range.clone().rev() {
         let upstream = tape.complete(index);
-        let (input, replayed) = tape.replay(range.clone(), &replay);
+        let instance = current.get_or_insert_with(|| {
+            let (input, replayed) = tape.replay(range.clone(), &replay);
+            Instance::Replay(replayed, input)
+        });
         let piece = index - range.start;
-        let mut grads = replayed.backward_input(piece, upstream);
-        tape.harvest_replay(range.start, &replayed, &grads, piece);
-        if let Some(input) = input {
-            accumulate(input_grad, input.boundary_grad(&grads));
+        let (mut grads, reached) = match instance {
+            Instance::Recorded => {
+                let grads = tape.backward_input(index, upstream);
+                tape.harvest(&grads, range.start..index);
+                let reached = pieces.input.and_then(|input| input.boundary_grad(&grads));
+                (grads, reached)
+            }
+            Instance::Replay(replayed, input) => {
+                let grads = replayed.backward_input(piece, upstream);
+                tape.harvest_replay(range.start, replayed, &grads, piece);
+                let reached = input.as_ref().and_then(|input| input.boundary_grad(&grads));
+                (grads, reached)
+            }
+        };
+        // Burn has consumed what this piece visited: the graph stays usable only if the
+        // model promises that nothing but the segment input is shared, and the input was
+        // not reached.
+        if !pieces.reuse || reached.is_some() {
+            current = None;
         }
+        accumulate(input_grad, reached);
         sink.collect(&mut grads);
     }
 }
@@ -113,7 +155,13 @@ pub(crate) fn synced_full_pass<M: ImageClassifier>(
         model.forward_logits(images.clone());
         None::<Tensor<4>>
     };
-    synchronised_pieces(&mut sink, &mut tape, all, replay, &mut None);
+    // The whole model as one segment forks inside (residual blocks): replay every piece.
+    let pieces = Pieces {
+        input: None,
+        reuse: false,
+        recorded_usable: false,
+    };
+    synchronised_pieces(&mut sink, &mut tape, all, pieces, replay, &mut None);
     on_group(0, sink.store);
     (loss_value, correct)
 }
@@ -192,8 +240,10 @@ where
             }
         };
         tape.harvest(&grads, start..end);
+        let reached = input.and_then(|b| boundaries[b].1.boundary_grad(&grads));
+        let recorded_usable = reached.is_none();
         if let Some(b) = input {
-            accumulate(&mut upstream[b], boundaries[b].1.boundary_grad(&grads));
+            accumulate(&mut upstream[b], reached);
         }
         sink.collect(&mut grads);
         drop(grads);
@@ -213,8 +263,20 @@ where
                 Some(fresh)
             }
         };
+        let pieces = Pieces {
+            input: input.map(|b| &boundaries[b].1),
+            reuse: model.only_input_forks(),
+            recorded_usable,
+        };
         let mut input_grad = None;
-        synchronised_pieces(&mut sink, &mut tape, start..end, replay, &mut input_grad);
+        synchronised_pieces(
+            &mut sink,
+            &mut tape,
+            start..end,
+            pieces,
+            replay,
+            &mut input_grad,
+        );
         if let Some(b) = input {
             accumulate(&mut upstream[b], input_grad);
         }

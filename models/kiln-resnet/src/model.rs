@@ -77,6 +77,11 @@ impl Segmented for ResNet {
             SegmentId::Output => self.fc.visit(visitor),
         }
     }
+
+    /// A block's input feeds its first convolution and its shortcut; nothing else forks.
+    fn only_input_forks(&self) -> bool {
+        true
+    }
 }
 
 impl kiln_core::ImageClassifier for ResNet {
