@@ -25,6 +25,31 @@ use half::{bf16, f16};
 use crate::{CommError, CommWorker, Communicator, Pending, ReduceOp, Timed};
 
 /// Device tensors reduced across replicas, as seen by one of them (its rank).
+///
+/// ```
+/// use std::sync::Arc;
+/// use burn::tensor::{Device, Tensor};
+/// use kiln_comm::{CommWorker, DeviceGroup, InProcessGroup, ReduceOp};
+///
+/// let sums: Vec<Vec<f32>> = std::thread::scope(|scope| {
+///     let handles: Vec<_> = InProcessGroup::new(2)
+///         .build()
+///         .into_iter()
+///         .map(|comm| {
+///             scope.spawn(move || {
+///                 // On distinct GPUs: DeviceGroup::native(devices, rank) instead.
+///                 let group = DeviceGroup::through_host(Arc::new(CommWorker::spawn(comm)), Device::flex());
+///                 let tensor = Tensor::<1>::ones([3], group.device()) * (group.rank() + 1) as f32;
+///                 let pending = group.all_reduce(tensor, ReduceOp::Sum).unwrap();
+///                 let sum = pending.wait().unwrap().value;
+///                 sum.into_data().convert::<f32>().try_into_vec::<f32>().unwrap()
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap()).collect()
+/// });
+/// assert_eq!(sums, vec![vec![3.0; 3]; 2]);
+/// ```
 #[derive(Debug, Clone)]
 pub struct DeviceGroup {
     backend: Backend,
