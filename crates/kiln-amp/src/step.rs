@@ -7,7 +7,9 @@ use burn::tensor::FloatDType;
 use kiln_comm::{CommWorker, ReduceBuffer, ReduceOp};
 use kiln_core::{FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos};
 use kiln_data::ImageBatch;
-use kiln_train::{GradientStep, StepOutput, TrainError, classification_loss, count_correct};
+use kiln_train::{
+    GradientStep, StepMetrics, StepOutput, TrainError, classification_loss, count_correct,
+};
 
 use crate::{AmpPolicy, GradScaler, Precision, cast_module};
 
@@ -128,7 +130,7 @@ impl<M: ImageClassifier> GradientStep<M> for AmpStep {
         let scale = self.scaler.as_ref().map_or(1.0, GradScaler::scale);
         // One extra element carries the sample count through the all-reduce.
         let mut flat = vec![0.0f32; layout.len() + 1];
-        let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
+        let mut metrics = StepMetrics::default();
         for batch in batches {
             let size = batch.indices.len();
             let images = if dtype == FloatDType::F32 {
@@ -149,11 +151,10 @@ impl<M: ImageClassifier> GradientStep<M> for AmpStep {
                 scale: size as f32 / scale,
                 accumulate: true,
             });
-            loss_sum += f64::from(loss.into_scalar::<f32>()) * size as f64;
-            correct += count_correct(logits.detach(), batch.labels);
-            samples += size;
+            let right = count_correct(logits.detach(), batch.labels);
+            metrics.record(loss.into_scalar::<f32>(), right, size);
         }
-        flat[layout.len()] = samples as f32;
+        flat[layout.len()] = metrics.samples() as f32;
         if let Some(comm) = &self.comm {
             let mut buffer = ReduceBuffer::new(flat.len(), comm.world_size());
             buffer.copy_from(&flat);
@@ -183,12 +184,7 @@ impl<M: ImageClassifier> GradientStep<M> for AmpStep {
             stats.scale = self.scaler.as_ref().map_or(1.0, GradScaler::scale);
         }
         self.layout = Some(layout);
-        Ok(StepOutput {
-            grads,
-            loss: (loss_sum / samples.max(1) as f64) as f32,
-            correct,
-            samples,
-        })
+        Ok(metrics.output(grads))
     }
 
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {

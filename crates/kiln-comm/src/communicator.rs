@@ -59,13 +59,23 @@ impl Communicator {
     }
 
     /// Reduces a [`ReduceBuffer`] element-wise over all ranks, in place, without staging
-    /// copies (the fastest all-reduce of the in-process backend).
+    /// copies (the fastest all-reduce of the in-process backend). Backends that cross
+    /// processes gain nothing from the layout and reduce a flat copy.
     pub fn all_reduce_buffer(
         &self,
         buffer: &mut ReduceBuffer,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        dispatch!(self, c => c.all_reduce_buffer(buffer, op))
+        match self {
+            Communicator::InProcess(c) => c.all_reduce_buffer(buffer, op),
+            #[cfg(feature = "mpi")]
+            _ => {
+                let mut flat = buffer.to_vec();
+                self.all_reduce(&mut flat, op)?;
+                buffer.copy_from(&flat);
+                Ok(())
+            }
+        }
     }
 
     /// Copies `root`'s `data` into every rank's `data`.

@@ -54,7 +54,6 @@ use crate::{CommError, CommWorker, Communicator, Pending, ReduceOp, Timed};
 pub struct DeviceGroup {
     backend: Backend,
     rank: usize,
-    world_size: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -160,24 +159,21 @@ impl DeviceGroup {
                 ),
             });
         }
-        let world_size = devices.len();
         Ok(Self {
             backend: Backend::Native { devices },
             rank,
-            world_size,
         })
     }
 
     /// Device tensors on `device` reduced through `comm` (any backend, any world).
     pub fn through_host(comm: Arc<CommWorker>, device: Device) -> Self {
-        let (rank, world_size) = (comm.rank(), comm.world_size());
+        let rank = comm.rank();
         Self {
             backend: Backend::Host {
                 comm,
                 device: device.without_autodiff(),
             },
             rank,
-            world_size,
         }
     }
 
@@ -193,7 +189,10 @@ impl DeviceGroup {
 
     /// Ranks in the group.
     pub fn world_size(&self) -> usize {
-        self.world_size
+        match &self.backend {
+            Backend::Native { devices } => devices.len(),
+            Backend::Host { comm, .. } => comm.world_size(),
+        }
     }
 
     /// This rank's device.

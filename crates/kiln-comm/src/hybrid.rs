@@ -10,8 +10,7 @@
 use crate::element::narrow_into;
 use crate::op::{gather_mismatch, scatter_mismatch};
 use crate::{
-    CommElement, CommError, InProcessCommunicator, InProcessGroup, MpiCommunicator, ReduceBuffer,
-    ReduceOp,
+    CommElement, CommError, InProcessCommunicator, InProcessGroup, MpiCommunicator, ReduceOp,
 };
 
 /// Where a peer replica lives.
@@ -111,18 +110,6 @@ impl HybridCommunicator {
             data.iter_mut()
                 .for_each(|v| *v = T::from_f32(v.to_f32() / world));
         }
-        Ok(())
-    }
-
-    /// All-reduce of a [`ReduceBuffer`].
-    pub fn all_reduce_buffer(
-        &self,
-        buffer: &mut ReduceBuffer,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let mut flat = buffer.to_vec();
-        self.all_reduce(&mut flat, op)?;
-        buffer.copy_from(&flat);
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use mpi::traits::{CommunicatorCollectives, Destination, Root, Source};
 
 use crate::element::narrow_into;
 use crate::op::{gather_mismatch, scatter_mismatch};
-use crate::{CommElement, CommError, ReduceBuffer, ReduceOp};
+use crate::{CommElement, CommError, ReduceOp};
 
 type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
 
@@ -196,18 +196,6 @@ impl MpiCommunicator {
         }
         op.finish(&mut acc, world);
         narrow_into(data, &acc);
-        Ok(())
-    }
-
-    /// All-reduce of a [`ReduceBuffer`] (no zero-copy benefit across processes).
-    pub fn all_reduce_buffer(
-        &self,
-        buffer: &mut ReduceBuffer,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let mut flat = buffer.to_vec();
-        self.all_reduce(&mut flat, op)?;
-        buffer.copy_from(&flat);
         Ok(())
     }
 

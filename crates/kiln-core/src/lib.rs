@@ -27,4 +27,6 @@ pub use flat::{
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, with_seed};
 pub use segment::{Activation, SegmentId, Segmented, forward_segments};
-pub use sync_norm::{StatsReducer, StatsTape, sync_batch_norm, sync_batch_norm_active};
+pub use sync_norm::{
+    StatsReducer, StatsTape, sync_batch_norm, sync_batch_norm_active, update_running_statistics,
+};

@@ -120,7 +120,7 @@ pub fn sync_batch_norm<const D: usize>(bn: &BatchNorm, x: Tensor<D>) -> Tensor<D
         Some(stats) => stats,
         None => {
             let (mean, var, elements) = global_stats(values, samples * length);
-            update_running(bn, mean.clone(), var.clone());
+            update_running_statistics(bn, mean.clone(), var.clone());
             (mean, var, elements)
         }
     };
@@ -192,17 +192,20 @@ fn replayed_stats() -> Option<(Tensor<1>, Tensor<1>, f32)> {
     )
 }
 
-/// Momentum update of the running statistics, in their own dtype (as Burn's batch norm).
-fn update_running(bn: &BatchNorm, mean: Tensor<1>, var: Tensor<1>) {
-    let stats = FloatDType::from(bn.running_mean.value().dtype());
-    let device = bn.running_mean.value().device();
+/// Momentum update of `bn`'s running statistics with a batch's `mean` and (biased) `var`,
+/// kept in the statistics' own dtype and device, as Burn's batch norm does in training.
+pub fn update_running_statistics(bn: &BatchNorm, mean: Tensor<1>, var: Tensor<1>) {
     let m = bn.momentum;
-    let running_mean = bn.running_mean.value_sync().mul_scalar(1.0 - m)
-        + mean.to_device(&device).cast(stats).mul_scalar(m);
-    let running_var = bn.running_var.value_sync().mul_scalar(1.0 - m)
-        + var.to_device(&device).cast(stats).mul_scalar(m);
-    bn.running_mean.update(running_mean.detach());
-    bn.running_var.update(running_var.detach());
+    let blend = |running: Tensor<1>, batch: Tensor<1>| {
+        let batch = batch
+            .to_device(&running.device())
+            .cast(FloatDType::from(running.dtype()));
+        (running.mul_scalar(1.0 - m) + batch.mul_scalar(m)).detach()
+    };
+    bn.running_mean
+        .update(blend(bn.running_mean.value_sync(), mean));
+    bn.running_var
+        .update(blend(bn.running_var.value_sync(), var));
 }
 
 /// Per-channel sums of a `[N, C, L]` tensor, on the host.
@@ -242,6 +245,16 @@ pub struct StatsTape {
     cuts: Vec<StatsCut>,
     /// The reducer of a recorded tape (`None` for a replay).
     reduce: Option<StatsReducer>,
+}
+
+/// An empty tape: no synchronised layer ran (a pass without synchronisation).
+impl Default for StatsTape {
+    fn default() -> Self {
+        Self {
+            cuts: Vec::new(),
+            reduce: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for StatsTape {

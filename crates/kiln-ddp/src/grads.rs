@@ -79,17 +79,16 @@ impl GradStore {
     }
 }
 
-/// (entry index, numel) of the layout entries that lie inside `range`.
+/// (entry index, numel) of the layout entries of `range`, which covers whole entries of a
+/// contiguous layout (entries in offset order, as a bucket plan makes them).
 fn entries_in<'a>(
     layout: &'a FlatLayout,
-    range: &'a Range<usize>,
+    range: &Range<usize>,
 ) -> impl Iterator<Item = (usize, usize)> + 'a {
-    layout
-        .entries()
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.offset >= range.start && e.offset + e.info.numel() <= range.end)
-        .map(|(index, e)| (index, e.info.numel()))
+    let entries = layout.entries();
+    let first = entries.partition_point(|e| e.offset < range.start);
+    let end = entries.partition_point(|e| e.offset < range.end);
+    (first..end).map(move |index| (index, entries[index].info.numel()))
 }
 
 /// Moves gradients into a [`GradStore`] (visit a module or one of its segments with it).
@@ -131,7 +130,7 @@ impl ModuleVisitor for Collector<'_> {
 }
 
 /// The optimizer's gradients from reduced buckets (each covering whole layout entries),
-/// every value multiplied by `scale`, on `device` (the model's, without autodiff).
+/// every value multiplied by `scale`, on the buckets' device.
 pub(crate) fn grads_from_buckets<M: burn::module::Module>(
     module: &M,
     layout: &FlatLayout,

@@ -38,7 +38,6 @@ mod plan;
 mod runtime;
 mod step;
 mod sync;
-mod synced_pass;
 mod zero;
 
 pub use balance::BatchSplit;

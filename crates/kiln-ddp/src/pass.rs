@@ -1,37 +1,54 @@
 //! One micro-batch's forward and backward, reporting gradients group by group.
 //!
 //! A pass adds each group's gradients (scaled by the micro-batch size) to the replica's
-//! [`GradStore`] and then calls `on_group`, which starts the all-reduce of every bucket that has
-//! just become complete. [`segmented_pass`] cuts the graph at every segment boundary and runs
-//! backward one segment at a time, so buckets of later segments are reduced while earlier
-//! segments are still differentiating; [`full_pass`] is the fallback for models without
-//! segments (one group, sync after backward).
+//! [`GradStore`] and then calls `on_group`, which starts the all-reduce of every bucket that
+//! has just become complete. [`segmented_pass`] cuts the graph at every segment boundary and
+//! runs backward one segment at a time, so buckets of later segments are reduced while
+//! earlier segments are still differentiating; [`full_pass`] is the fallback for models
+//! without segments (one group, sync after backward).
+//!
+//! **Synchronised batch norm.** Given a reducer, forward runs under a [`StatsTape`], so every
+//! [`kiln_core::sync_batch_norm`] layer normalises with statistics over all replicas and cuts
+//! the graph at its input. Backward then runs each segment in pieces: first from the
+//! segment's output down to its last synchronised layer, then, for each synchronised layer
+//! from the last, its statistics' gradients are all-reduced ([`StatsTape::complete`]) and its
+//! input gradient is sent on down to the layer before. A piece's gradient comes only from
+//! pieces after it, so every gradient is complete when used. Without a reducer there are no
+//! such layers and a segment is one piece.
+//!
+//! Burn consumes every node a backward visits, and the pieces of a residual segment share
+//! its input (the skip path and the first convolution both read it), so a piece whose graph
+//! was already consumed runs on a replay of the segment's forward with the recorded
+//! statistics ([`StatsTape::replay`]). Without more knowledge every piece but the first gets
+//! a replay; a model whose segments fork only at their input
+//! ([`Segmented::only_input_forks`], kiln's ResNet) keeps using a graph until a piece
+//! reaches the segment input. A segment's parameters are complete once its pieces are done.
 
-use burn::tensor::Tensor;
-use kiln_core::{Activation, FlatLayout, ImageClassifier, ParamInfo, SegmentId, Segmented};
-use kiln_core::{param_infos, segment_param_infos};
+use std::ops::{Add, Range};
+
+use burn::tensor::{Gradients, Tensor};
+use kiln_core::{
+    Activation, FlatLayout, ImageClassifier, ParamInfo, SegmentId, Segmented, StatsReducer,
+    StatsTape, param_infos, segment_param_infos,
+};
 use kiln_data::ImageBatch;
-use kiln_train::{classification_loss, count_correct, forward_backward};
+use kiln_train::{classification_loss, count_correct};
 
-use crate::grads::GradStore;
+use crate::grads::{Collector, GradStore};
 
 /// Callback after a backward group: (group index in backward order, the gradients so far).
 pub(crate) type OnGroup<'a> = &'a mut dyn FnMut(usize, &GradStore);
 
-/// A pass over one micro-batch; returns (loss, correct predictions).
-pub(crate) type Pass<M> =
-    fn(&M, ImageBatch, &FlatLayout, &mut GradStore, f32, OnGroup<'_>) -> (f32, usize);
-
-/// A pass with synchronised batch norm (see `synced_pass`), summing statistics over
-/// replicas through the reducer.
-pub(crate) type SyncedPass<M> = fn(
+/// A pass over one micro-batch; returns (loss, correct predictions). With a reducer,
+/// layers normalised by `kiln_core::sync_batch_norm` are synchronised over replicas.
+pub(crate) type Pass<M> = fn(
     &M,
     ImageBatch,
     &FlatLayout,
     &mut GradStore,
     f32,
     OnGroup<'_>,
-    kiln_core::StatsReducer,
+    Option<StatsReducer>,
 ) -> (f32, usize);
 
 /// A model's trainable parameters grouped in backward order, for a [`Pass`].
@@ -39,11 +56,9 @@ pub(crate) type Groups<M> = fn(&M) -> Vec<Vec<ParamInfo>>;
 
 /// How a step runs forward and backward for one model type.
 pub(crate) struct Passes<M> {
-    /// The plain pass.
-    pub plain: Pass<M>,
-    /// The same cut for synchronised batch norm.
-    pub synced: SyncedPass<M>,
-    /// The parameter groups both report, in backward order.
+    /// The pass.
+    pub pass: Pass<M>,
+    /// The parameter groups it reports, in backward order.
     pub groups: Groups<M>,
 }
 
@@ -54,21 +69,6 @@ fn trainable(infos: Vec<ParamInfo>) -> Vec<ParamInfo> {
 /// One group holding every trainable parameter.
 pub(crate) fn whole_model_groups<M: ImageClassifier>(model: &M) -> Vec<Vec<ParamInfo>> {
     vec![trainable(param_infos(model))]
-}
-
-/// Forward and backward through the whole model, then one group.
-pub(crate) fn full_pass<M: ImageClassifier>(
-    model: &M,
-    batch: ImageBatch,
-    layout: &FlatLayout,
-    store: &mut GradStore,
-    scale: f32,
-    on_group: OnGroup<'_>,
-) -> (f32, usize) {
-    let (mut grads, loss, correct) = forward_backward(model, batch);
-    model.visit(&mut store.collector(&mut grads, layout, scale));
-    on_group(0, store);
-    (loss, correct)
 }
 
 /// The segments in backward order: output, last middle … first middle, input.
@@ -84,7 +84,157 @@ pub(crate) fn segment_groups<M: Segmented>(model: &M) -> Vec<Vec<ParamInfo>> {
         .collect()
 }
 
-/// Forward with a cut at every segment boundary, then backward segment by segment.
+/// Runs `forward`, recording synchronised layers when there is a reducer.
+fn record<R>(reduce: Option<StatsReducer>, forward: impl FnOnce() -> R) -> (R, StatsTape) {
+    match reduce {
+        Some(reduce) => StatsTape::record(reduce, forward),
+        None => (forward(), StatsTape::default()),
+    }
+}
+
+/// Where each backward piece's parameter gradients go.
+struct Sink<'a, M> {
+    model: &'a M,
+    layout: &'a FlatLayout,
+    store: &'a mut GradStore,
+    scale: f32,
+}
+
+impl<M: ImageClassifier> Sink<'_, M> {
+    /// Adds a backward piece's gradients of the parameters `visit` reaches to the store.
+    fn collect(&mut self, grads: &mut Gradients, visit: &dyn Fn(&M, &mut Collector<'_>)) {
+        visit(
+            self.model,
+            &mut self.store.collector(grads, self.layout, self.scale),
+        );
+    }
+}
+
+/// Adds `grad` (if any) to `slot`.
+fn accumulate<H: Add<Output = H>>(slot: &mut Option<H>, grad: Option<H>) {
+    if let Some(grad) = grad {
+        *slot = Some(match slot.take() {
+            Some(sum) => sum + grad,
+            None => grad,
+        });
+    }
+}
+
+/// Where the pieces of a segment run.
+struct Pieces<'a, M, H> {
+    /// Visits the parameters the pieces can reach (the segment's).
+    visit: &'a dyn Fn(&M, &mut Collector<'_>),
+    /// The recorded graph's input leaf of the segment (if the segment has one).
+    input: Option<&'a H>,
+    /// Whether pieces may share a graph until one reaches the segment input
+    /// ([`Segmented::only_input_forks`]); without it, every piece gets a fresh replay.
+    reuse: bool,
+    /// Whether the recorded graph can still run a piece (its input not yet reached).
+    recorded_usable: bool,
+}
+
+/// A graph a piece runs on: the recorded one, or a replay with its own input leaf.
+enum Instance<H> {
+    Recorded,
+    Replay(StatsTape, Option<H>),
+}
+
+/// The pieces below a segment's first: for each synchronised layer of `range`, from the
+/// last, complete its input gradient and backpropagate it, on the recorded graph while
+/// that is safe, else on a replay of the segment (`replay` reruns the segment's forward and
+/// returns the replay's input leaf, if the segment has one). Gradients reaching the
+/// segment input go to `input_grad`.
+fn synchronised_pieces<M: ImageClassifier, H: Activation + Add<Output = H>>(
+    sink: &mut Sink<'_, M>,
+    tape: &mut StatsTape,
+    range: Range<usize>,
+    pieces: Pieces<'_, M, H>,
+    replay: impl Fn() -> Option<H>,
+    input_grad: &mut Option<H>,
+) {
+    let mut current = (pieces.reuse && pieces.recorded_usable).then_some(Instance::Recorded);
+    for index in range.clone().rev() {
+        let upstream = tape.complete(index);
+        let instance = current.get_or_insert_with(|| {
+            let (input, replayed) = tape.replay(range.clone(), &replay);
+            Instance::Replay(replayed, input)
+        });
+        let piece = index - range.start;
+        let (mut grads, reached) = match instance {
+            Instance::Recorded => {
+                let grads = tape.backward_input(index, upstream);
+                tape.harvest(&grads, range.start..index);
+                let reached = pieces.input.and_then(|input| input.boundary_grad(&grads));
+                (grads, reached)
+            }
+            Instance::Replay(replayed, input) => {
+                let grads = replayed.backward_input(piece, upstream);
+                tape.harvest_replay(range.start, replayed, &grads, piece);
+                let reached = input.as_ref().and_then(|input| input.boundary_grad(&grads));
+                (grads, reached)
+            }
+        };
+        // Burn has consumed what this piece visited: the graph stays usable only if the
+        // model promises that nothing but the segment input is shared, and the input was
+        // not reached.
+        if !pieces.reuse || reached.is_some() {
+            current = None;
+        }
+        accumulate(input_grad, reached);
+        sink.collect(&mut grads, pieces.visit);
+    }
+}
+
+/// Forward and backward through the whole model, then one group. Synchronised layers cost
+/// a replay of the whole forward each (the model is one segment that forks inside).
+pub(crate) fn full_pass<M: ImageClassifier>(
+    model: &M,
+    batch: ImageBatch,
+    layout: &FlatLayout,
+    store: &mut GradStore,
+    scale: f32,
+    on_group: OnGroup<'_>,
+    reduce: Option<StatsReducer>,
+) -> (f32, usize) {
+    let images = batch.images.clone();
+    let ((loss, logits), mut tape) = record(reduce, || {
+        let logits = model.forward_logits(batch.images);
+        (
+            classification_loss(logits.clone(), batch.labels.clone()),
+            logits,
+        )
+    });
+    let loss_value = loss.clone().into_scalar::<f32>();
+    let correct = count_correct(logits.detach(), batch.labels);
+    let mut sink = Sink {
+        model,
+        layout,
+        store,
+        scale,
+    };
+    let visit = |model: &M, collector: &mut Collector<'_>| model.visit(collector);
+    let mut grads = loss.backward();
+    let all = 0..tape.len();
+    tape.harvest(&grads, all.clone());
+    sink.collect(&mut grads, &visit);
+    drop(grads);
+    let replay = || {
+        model.forward_logits(images.clone());
+        None::<Tensor<4>>
+    };
+    let pieces = Pieces {
+        visit: &visit,
+        input: None,
+        reuse: false,
+        recorded_usable: false,
+    };
+    synchronised_pieces(&mut sink, &mut tape, all, pieces, replay, &mut None);
+    on_group(0, sink.store);
+    (loss_value, correct)
+}
+
+/// Forward with a cut at every segment boundary, then backward segment by segment, each in
+/// pieces between its synchronised layers.
 ///
 /// # Panics
 /// If a segment's output does not depend on its input (no gradient reaches the boundary).
@@ -95,54 +245,114 @@ pub(crate) fn segmented_pass<M>(
     store: &mut GradStore,
     scale: f32,
     on_group: OnGroup<'_>,
+    reduce: Option<StatsReducer>,
 ) -> (f32, usize)
 where
     M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M::Hidden: Add<Output = M::Hidden>,
 {
     // In-process replicas run this concurrently. (Wrong gradients once seen with concurrent
-    // passes came from Burn's lazy parameter initialisation, fixed by `init_module`; the
-    // equivalence tests and CI's MPI-versus-threads fingerprint check concurrent passes.)
+    // passes came from models initialised outside `init_module`, which draw from Burn's
+    // process-wide generator; the equivalence tests and CI's MPI-versus-threads fingerprint
+    // check concurrent passes.)
     let middle = model.num_middle_segments();
-    let mut outputs = Vec::with_capacity(middle + 1);
-    let mut cuts = Vec::with_capacity(middle);
-    let mut hidden = model.forward_input(batch.images);
-    outputs.push(hidden.clone());
-    for index in 0..middle {
-        let cut = hidden.detach_boundary();
-        hidden = model.forward_middle(index, cut.clone());
-        cuts.push(cut);
-        outputs.push(hidden.clone());
-    }
-    let last = hidden.detach_boundary();
-    let logits = model.forward_output(last.clone());
-    let loss = classification_loss(logits.clone(), batch.labels.clone());
+    let images = batch.images.clone();
+    // Boundary k feeds middle segment k (k < middle) or the output segment (k = middle):
+    // the value before the cut, the cut, and how many synchronised layers ran before it.
+    let ((loss, logits, boundaries), mut tape) = record(reduce, || {
+        let mut boundaries: Vec<(M::Hidden, M::Hidden, usize)> = Vec::with_capacity(middle + 1);
+        let mut hidden = model.forward_input(batch.images);
+        for index in 0..=middle {
+            let cut = hidden.clone().detach_boundary();
+            boundaries.push((hidden, cut.clone(), StatsTape::recorded()));
+            hidden = if index < middle {
+                model.forward_middle(index, cut)
+            } else {
+                cut
+            };
+        }
+        let logits = model.forward_output(hidden);
+        let loss = classification_loss(logits.clone(), batch.labels.clone());
+        (loss, logits, boundaries)
+    });
     let loss_value = loss.clone().into_scalar::<f32>();
     let correct = count_correct(logits.detach(), batch.labels);
 
+    let mut sink = Sink {
+        model,
+        layout,
+        store,
+        scale,
+    };
+    let mut upstream: Vec<Option<M::Hidden>> = vec![None; boundaries.len()];
     let no_gradient = "a segment's output does not depend on its input";
-    let mut grads = loss.backward();
-    let mut upstream = last.boundary_grad(&grads).expect(no_gradient);
-    model.visit_segment(
-        SegmentId::Output,
-        &mut store.collector(&mut grads, layout, scale),
-    );
-    drop(grads);
-    on_group(0, store);
-    for index in (0..middle).rev() {
-        let mut grads = outputs[index + 1].backward_with(upstream);
-        upstream = cuts[index].boundary_grad(&grads).expect(no_gradient);
-        model.visit_segment(
-            SegmentId::Middle(index),
-            &mut store.collector(&mut grads, layout, scale),
-        );
+    let mut loss = Some(loss);
+    for (group, segment) in backward_order(model).into_iter().enumerate() {
+        // The boundary feeding this segment, and the one its output crosses.
+        let (input, output) = match segment {
+            SegmentId::Output => (Some(middle), None),
+            SegmentId::Middle(k) => (Some(k), Some(k + 1)),
+            SegmentId::Input => (None, Some(0)),
+        };
+        let start = input.map_or(0, |b| boundaries[b].2);
+        let end = output.map_or(tape.len(), |b| boundaries[b].2);
+        // Every piece of this segment reaches only its parameters.
+        let visit =
+            |model: &M, collector: &mut Collector<'_>| model.visit_segment(segment, collector);
+        // First piece: from the segment's output down to its last synchronised layer.
+        let mut grads = match output {
+            None => loss
+                .take()
+                .expect("the output segment comes first")
+                .backward(),
+            Some(b) => {
+                let gradient = upstream[b].take().expect(no_gradient);
+                boundaries[b].0.backward_with(gradient)
+            }
+        };
+        tape.harvest(&grads, start..end);
+        let reached = input.and_then(|b| boundaries[b].1.boundary_grad(&grads));
+        let recorded_usable = reached.is_none();
+        if let Some(b) = input {
+            accumulate(&mut upstream[b], reached);
+        }
+        sink.collect(&mut grads, &visit);
         drop(grads);
-        on_group(middle - index, store);
+        let replay = || match segment {
+            SegmentId::Input => {
+                model.forward_input(images.clone());
+                None
+            }
+            SegmentId::Middle(k) => {
+                let fresh = boundaries[k].1.clone().detach_boundary();
+                model.forward_middle(k, fresh.clone());
+                Some(fresh)
+            }
+            SegmentId::Output => {
+                let fresh = boundaries[middle].1.clone().detach_boundary();
+                model.forward_output(fresh.clone());
+                Some(fresh)
+            }
+        };
+        let pieces = Pieces {
+            visit: &visit,
+            input: input.map(|b| &boundaries[b].1),
+            reuse: model.only_input_forks(),
+            recorded_usable,
+        };
+        let mut input_grad = None;
+        synchronised_pieces(
+            &mut sink,
+            &mut tape,
+            start..end,
+            pieces,
+            replay,
+            &mut input_grad,
+        );
+        if let Some(b) = input {
+            accumulate(&mut upstream[b], input_grad);
+        }
+        on_group(group, sink.store);
     }
-    let mut grads = outputs[0].backward_with(upstream);
-    model.visit_segment(
-        SegmentId::Input,
-        &mut store.collector(&mut grads, layout, scale),
-    );
-    on_group(middle + 1, store);
     (loss_value, correct)
 }

@@ -11,7 +11,6 @@ use kiln_train::TrainError;
 use crate::pass::{Passes, full_pass, segment_groups, segmented_pass, whole_model_groups};
 use crate::step::Transport;
 use crate::sync::{Selection, broadcast, check_divergence};
-use crate::synced_pass::{synced_full_pass, synced_segmented_pass};
 use crate::{DdpConfig, DdpError, DdpStep};
 
 /// Runs a training closure on one replica per device, in threads of this process.
@@ -148,7 +147,8 @@ impl DataParallel {
                 .enumerate()
                 .map(|(local_rank, (comm, device))| {
                     let (rank, world_size) = (comm.rank(), comm.world_size());
-                    let device_group = (native && DeviceGroup::supported(&self.devices))
+                    // `native` refuses devices Burn has no collective for.
+                    let device_group = native
                         .then(|| DeviceGroup::native(self.devices.clone(), local_rank).ok())
                         .flatten();
                     let comm = Arc::new(CommWorker::spawn(comm));
@@ -323,12 +323,20 @@ impl Replica {
         check_divergence(&self.comm, module, Selection::All)
     }
 
-    fn transport(&self) -> Transport {
-        Transport::choose(
+    /// A step running `passes` with this replica's communicator, options and transport.
+    fn step<M: ImageClassifier>(&self, passes: Passes<M>) -> DdpStep<M> {
+        let transport = Transport::choose(
             self.config.gradient_path,
             &self.device,
             self.device_group.clone(),
             &self.comm,
+        );
+        DdpStep::new(
+            Arc::clone(&self.comm),
+            self.config.clone(),
+            passes,
+            self.device.clone(),
+            transport,
         )
     }
 
@@ -340,17 +348,10 @@ impl Replica {
 
     /// A step that all-reduces gradients after backward (any model).
     pub fn gradient_step<M: ImageClassifier>(&self) -> DdpStep<M> {
-        DdpStep::new(
-            Arc::clone(&self.comm),
-            self.config.clone(),
-            Passes {
-                plain: full_pass::<M>,
-                synced: synced_full_pass::<M>,
-                groups: whole_model_groups::<M>,
-            },
-            self.device.clone(),
-            self.transport(),
-        )
+        self.step(Passes {
+            pass: full_pass::<M>,
+            groups: whole_model_groups::<M>,
+        })
     }
 
     /// A step that runs backward segment by segment and all-reduces each bucket while
@@ -360,16 +361,9 @@ impl Replica {
         M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
         M::Hidden: std::ops::Add<Output = M::Hidden>,
     {
-        DdpStep::new(
-            Arc::clone(&self.comm),
-            self.config.clone(),
-            Passes {
-                plain: segmented_pass::<M>,
-                synced: synced_segmented_pass::<M>,
-                groups: segment_groups::<M>,
-            },
-            self.device.clone(),
-            self.transport(),
-        )
+        self.step(Passes {
+            pass: segmented_pass::<M>,
+            groups: segment_groups::<M>,
+        })
     }
 }

@@ -15,7 +15,7 @@ use kiln_comm::{
 };
 use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
 use kiln_data::ImageBatch;
-use kiln_train::{GradientStep, StepOutput, TrainError};
+use kiln_train::{GradientStep, StepMetrics, StepOutput, TrainError};
 
 use crate::grads::{GradStore, grads_from_buckets};
 use crate::pass::{OnGroup, Passes};
@@ -103,8 +103,8 @@ impl Transport {
 /// A gradient step that all-reduces bucketed gradients with the other replicas.
 ///
 /// Gradients of each micro-batch are summed weighted by its sample count; the all-reduce
-/// sums them with every replica's sample count (carried as one extra element per bucket,
-/// or reduced on its own on the native path), and the result is divided by the total. The
+/// sums them with every replica's sample count (carried as one extra element per host
+/// bucket, or reduced on its own for device buckets), and the result is divided by the total. The
 /// update is therefore exactly the mean over all samples of all replicas, whatever each
 /// replica's batch size.
 ///
@@ -221,26 +221,23 @@ impl<M: ImageClassifier> DdpStep<M> {
         on_group: OnGroup<'_>,
     ) -> Result<(f32, usize), TrainError> {
         let size = batch.indices.len() as f32;
-        if !self.config.sync_batch_norm {
-            return Ok((self.passes.plain)(
-                model, batch, layout, store, size, on_group,
-            ));
-        }
         // The reducer cannot fail the forward it runs in: it records the first error, the
         // layers fall back to local statistics, and the step fails here instead.
         let failure: Rc<RefCell<Option<CommError>>> = Rc::default();
-        let (comm, failed) = (Arc::clone(&self.comm), Rc::clone(&failure));
-        let reduce: StatsReducer = Box::new(move |values: Vec<f32>| {
-            if failed.borrow().is_some() {
-                return None;
-            }
-            let summed = comm.run(move |c| {
-                let mut values = values;
-                c.all_reduce(&mut values, ReduceOp::Sum).map(|_| values)
-            });
-            summed.map_err(|err| *failed.borrow_mut() = Some(err)).ok()
+        let reduce = self.config.sync_batch_norm.then(|| {
+            let (comm, failed) = (Arc::clone(&self.comm), Rc::clone(&failure));
+            Box::new(move |values: Vec<f32>| {
+                if failed.borrow().is_some() {
+                    return None;
+                }
+                let summed = comm.run(move |c| {
+                    let mut values = values;
+                    c.all_reduce(&mut values, ReduceOp::Sum).map(|_| values)
+                });
+                summed.map_err(|err| *failed.borrow_mut() = Some(err)).ok()
+            }) as StatsReducer
         });
-        let result = (self.passes.synced)(model, batch, layout, store, size, on_group, reduce);
+        let result = (self.passes.pass)(model, batch, layout, store, size, on_group, reduce);
         match failure.take() {
             Some(err) => Err(err.into()),
             None => Ok(result),
@@ -376,16 +373,15 @@ impl<M: ImageClassifier> DdpStep<M> {
             ZeroPlan::new(params, rank, world)
         });
         let mut store = GradStore::Host(vec![0.0f32; world * zero.region]);
-        let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
-        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
+        let mut metrics = StepMetrics::default();
         let compute_start = Instant::now();
         for batch in batches {
             let size = batch.indices.len();
             let (loss, right) =
                 self.run_pass(model, batch, &zero.full, &mut store, &mut |_, _| {})?;
-            loss_sum += f64::from(loss) * size as f64;
-            correct += right;
+            metrics.record(loss, right, size);
         }
+        let samples = metrics.samples();
         let compute = compute_start.elapsed();
         let GradStore::Host(mut flat) = store else {
             unreachable!("ZeRO-1 reduces a host buffer")
@@ -417,12 +413,7 @@ impl<M: ImageClassifier> DdpStep<M> {
             stats.optimizer_shard = Some((zero.owned_numel, zero.total_numel));
         }
         self.zero = Some(zero);
-        Ok(StepOutput {
-            grads,
-            loss: (loss_sum / samples.max(1) as f64) as f32,
-            correct,
-            samples,
-        })
+        Ok(metrics.output(grads))
     }
 
     /// ZeRO-1: every replica contributes the parameters it updated; all receive all.
@@ -463,7 +454,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
         let synchronous = self.config.mode == SyncMode::Gradients;
         let count = batches.len();
-        let (mut loss_sum, mut correct) = (0.0f64, 0usize);
+        let mut metrics = StepMetrics::default();
         let mut in_flight: Vec<InFlight> = Vec::with_capacity(plan.buckets().len());
         let compute_start = Instant::now();
         for (index, batch) in batches.into_iter().enumerate() {
@@ -479,8 +470,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
                 }
             };
             let (loss, right) = self.run_pass(model, batch, layout, &mut store, &mut on_group)?;
-            loss_sum += f64::from(loss) * size as f64;
-            correct += right;
+            metrics.record(loss, right, size);
         }
         let compute = compute_start.elapsed();
 
@@ -529,12 +519,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         }
         self.store = store;
         self.plan = Some(plan);
-        Ok(StepOutput {
-            grads,
-            loss: (loss_sum / samples.max(1) as f64) as f32,
-            correct,
-            samples,
-        })
+        Ok(metrics.output(grads))
     }
 
     fn after_update(&mut self, model: M, step: usize) -> Result<M, TrainError> {

@@ -3,7 +3,7 @@
 use kiln_core::{FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos};
 use kiln_data::ImageBatch;
 
-use crate::{StepOutput, forward_backward};
+use crate::{StepMetrics, StepOutput, forward_backward};
 
 /// Sums sample-weighted gradients over micro-batches, so that the result is the mean
 /// gradient over all their samples: exactly one large batch's gradient.
@@ -11,9 +11,7 @@ use crate::{StepOutput, forward_backward};
 pub struct Accumulator {
     layout: FlatLayout,
     flat: Vec<f32>,
-    loss_sum: f64,
-    correct: usize,
-    samples: usize,
+    metrics: StepMetrics,
 }
 
 impl Accumulator {
@@ -30,9 +28,7 @@ impl Accumulator {
         Self {
             layout,
             flat,
-            loss_sum: 0.0,
-            correct: 0,
-            samples: 0,
+            metrics: StepMetrics::default(),
         }
     }
 
@@ -52,9 +48,7 @@ impl Accumulator {
 
     /// Records a micro-batch's metrics whose gradients were written to [`sums_mut`](Self::sums_mut).
     pub fn record(&mut self, loss: f32, correct: usize, samples: usize) {
-        self.loss_sum += f64::from(loss) * samples as f64;
-        self.correct += correct;
-        self.samples += samples;
+        self.metrics.record(loss, correct, samples);
     }
 
     /// The layout and the sample-weighted gradient sums, e.g. to reduce across replicas.
@@ -64,19 +58,15 @@ impl Accumulator {
 
     /// Samples added so far.
     pub fn samples(&self) -> usize {
-        self.samples
+        self.metrics.samples()
     }
 
     /// The mean gradient over every sample added.
     pub fn finish<M: ImageClassifier>(self, model: &M) -> StepOutput {
-        let scale = 1.0 / self.samples.max(1) as f32;
+        let scale = 1.0 / self.metrics.samples().max(1) as f32;
         let mut flat = self.flat;
         flat.iter_mut().for_each(|g| *g *= scale);
-        StepOutput {
-            grads: grads_from_flat(model, &self.layout, &flat),
-            loss: (self.loss_sum / self.samples.max(1) as f64) as f32,
-            correct: self.correct,
-            samples: self.samples,
-        }
+        self.metrics
+            .output(grads_from_flat(model, &self.layout, &flat))
     }
 }

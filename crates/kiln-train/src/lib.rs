@@ -47,7 +47,8 @@ pub use evaluate::{Evaluation, evaluate};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
 pub use schedule::{Decay, LrSchedule};
 pub use step::{
-    GradientStep, LocalStep, StepOutput, classification_loss, count_correct, forward_backward,
+    GradientStep, LocalStep, StepMetrics, StepOutput, classification_loss, count_correct,
+    forward_backward,
 };
 pub use trainer::{Trainer, TrainerBuilder};
 

@@ -21,6 +21,39 @@ pub struct StepOutput {
     pub samples: usize,
 }
 
+/// Loss and accuracy of a step's micro-batches, summed per sample so that their mean is the
+/// mean over all samples whatever the micro-batch sizes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepMetrics {
+    loss_sum: f64,
+    correct: usize,
+    samples: usize,
+}
+
+impl StepMetrics {
+    /// Records a micro-batch of `samples` samples with mean loss `loss`.
+    pub fn record(&mut self, loss: f32, correct: usize, samples: usize) {
+        self.loss_sum += f64::from(loss) * samples as f64;
+        self.correct += correct;
+        self.samples += samples;
+    }
+
+    /// Samples recorded so far.
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    /// The step's output with `grads`.
+    pub fn output(self, grads: GradientsParams) -> StepOutput {
+        StepOutput {
+            grads,
+            loss: (self.loss_sum / self.samples.max(1) as f64) as f32,
+            correct: self.correct,
+            samples: self.samples,
+        }
+    }
+}
+
 /// How a training step turns batches into gradients, plus hooks around the update.
 ///
 /// [`LocalStep`] is plain forward and backward on one device. The data-parallel runtime

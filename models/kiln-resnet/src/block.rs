@@ -31,22 +31,17 @@ pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
         bn.forward(x.cast(FloatDType::from(layer)))
             .cast(FloatDType::from(input))
     } else {
-        half_norm(bn, x, FloatDType::from(stats))
+        half_norm(bn, x)
     }
 }
 
-/// Batch norm with half-precision weights and input and `stats`-typed running statistics.
-fn half_norm(bn: &BatchNorm, x: Tensor<4>, stats: FloatDType) -> Tensor<4> {
+/// Batch norm with half-precision weights and input, and running statistics in their own
+/// dtype.
+fn half_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     let half = FloatDType::from(x.dtype());
     if x.device().is_autodiff() && bn.training.is_enabled() {
         let result = batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
-        let m = bn.momentum;
-        let mean = bn.running_mean.value_sync().mul_scalar(1.0 - m)
-            + result.mean.detach().cast(stats).mul_scalar(m);
-        let var = bn.running_var.value_sync().mul_scalar(1.0 - m)
-            + result.variance.detach().cast(stats).mul_scalar(m);
-        bn.running_mean.update(mean.detach());
-        bn.running_var.update(var.detach());
+        kiln_core::update_running_statistics(bn, result.mean.detach(), result.variance.detach());
         result.output
     } else {
         let mean = bn.running_mean.value().cast(half);
