@@ -15,13 +15,49 @@ use std::sync::Arc;
 use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use kiln::amp::{AmpStats, AmpStep, Precision};
 use kiln::core::{DeviceSpec, fingerprint, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
 use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, Replica, SyncMode, SyncStats};
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 use kiln::train::{GradientStep, LrSchedule, TrainError, TrainReport, Trainer};
+
+/// Counts that must be at least one (batch sizes, periods, widths, ...).
+fn positive() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
+/// Gradient element type on the wire.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum CompressionArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// Where gradients wait for their all-reduce.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum GradientPathArg {
+    Auto,
+    Host,
+    Device,
+}
+
+/// Compute precision.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AmpArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// How replicas communicate.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum CommArg {
+    Local,
+    Mpi,
+}
 
 /// Train a ResNet with kiln.
 #[derive(Parser, Debug)]
@@ -31,16 +67,16 @@ struct Args {
     #[arg(long, default_value_t = 18)]
     model: usize,
     /// Base width (64 is the paper's ResNet; smaller trains faster).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = positive())]
     width: usize,
     /// Batch size per replica.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = positive())]
     batch_size: usize,
     /// Epochs to train.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = positive())]
     epochs: usize,
     /// Train for exactly this many steps instead of whole epochs.
-    #[arg(long)]
+    #[arg(long, value_parser = positive())]
     steps: Option<usize>,
     /// Peak learning rate (after warm-up; cosine decay to zero).
     #[arg(long, default_value_t = 0.1)]
@@ -52,20 +88,20 @@ struct Args {
     #[arg(long, default_value = "cpu:0,cpu:1")]
     devices: String,
     /// Micro-batches accumulated per optimizer step (one all-reduce per step).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive())]
     accumulation: usize,
-    /// Gradient all-reduce element type: f32, f16 or bf16.
-    #[arg(long, default_value = "f32")]
-    compression: String,
+    /// Gradient all-reduce element type.
+    #[arg(long, value_enum, default_value_t = CompressionArg::F32)]
+    compression: CompressionArg,
     /// Local SGD: average parameters every N steps instead of all-reducing gradients.
-    #[arg(long)]
+    #[arg(long, value_parser = positive())]
     local_sgd: Option<usize>,
     /// All-reduce after the whole backward instead of overlapping it segment by segment.
     #[arg(long)]
     no_overlap: bool,
     /// Gradient bucket cap in KiB (the first bucket is capped at a quarter of it). Smaller
     /// buckets start communicating earlier during backward.
-    #[arg(long, default_value_t = 25 * 1024)]
+    #[arg(long, default_value_t = 25 * 1024, value_parser = positive())]
     bucket_kb: usize,
     /// Compare parameter fingerprints across replicas every N steps (0 = never); a mismatch
     /// stops training with an error naming the first differing parameter.
@@ -78,36 +114,42 @@ struct Args {
     /// Where gradients wait for their all-reduce: `auto` (host buffer on CPU, device buckets
     /// on accelerators), `host`, or `device` (Burn's native NCCL all-reduce when every
     /// replica has its own CUDA device, else one host copy per bucket).
-    #[arg(long, default_value = "auto")]
-    gradient_path: String,
+    #[arg(long, value_enum, default_value_t = GradientPathArg::Auto)]
+    gradient_path: GradientPathArg,
     /// Synchronised batch norm: normalise with the statistics of every replica's batch
-    /// (exact backward; costs one extra segment forward per batch-norm layer).
+    /// (exact backward; backward replays each residual block's forward once).
     #[arg(long)]
     sync_bn: bool,
     /// ZeRO-1: shard optimizer state over replicas.
     #[arg(long)]
     zero1: bool,
     /// Compute precision: f32, or mixed precision with f16 (loss-scaled) or bf16 compute and
-    /// f32 master weights.
-    #[arg(long, default_value = "f32")]
-    amp: String,
+    /// f32 master weights. On the CPU backend (Flex) this saves activation memory but not
+    /// time: bf16 matmuls and convolutions compute through f32 and f16 kernels are slower than
+    /// f32's, so a CPU step is slower with --amp (see the README's limitations).
+    #[arg(long, value_enum, default_value_t = AmpArg::F32)]
+    amp: AmpArg,
     /// How replicas communicate: `local` (threads of this process, one per --devices entry)
     /// or `mpi` (under mpirun: every process runs one replica per --devices entry; needs
     /// `--features mpi`).
-    #[arg(long, default_value = "local")]
-    comm: String,
+    #[arg(long, value_enum, default_value_t = CommArg::Local)]
+    comm: CommArg,
     /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
     #[arg(long)]
     data: Option<std::path::PathBuf>,
     /// Synthetic training samples (without --data).
-    #[arg(long, default_value_t = 6_400)]
+    #[arg(long, default_value_t = 6_400, value_parser = positive())]
     synthetic_samples: usize,
     /// Loader worker threads.
     #[arg(long, default_value_t = 1)]
     workers: usize,
     /// Batches each worker prepares ahead.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = positive())]
     prefetch: usize,
+    /// Compute threads per replica (each replica runs Burn's CPU kernels in its own pool).
+    /// Default: the machine's cores divided among this process's replicas.
+    #[arg(long, value_parser = positive())]
+    threads: Option<usize>,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
@@ -174,24 +216,21 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let model =
         ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
-    let compression = match args.compression.as_str() {
-        "f32" => Compression::None,
-        "f16" => Compression::F16,
-        "bf16" => Compression::Bf16,
-        other => return Err(format!("--compression must be f32, f16 or bf16, not {other}").into()),
+    let compression = match args.compression {
+        CompressionArg::F32 => Compression::None,
+        CompressionArg::F16 => Compression::F16,
+        CompressionArg::Bf16 => Compression::Bf16,
     };
-    let gradient_path = match args.gradient_path.as_str() {
-        "auto" => GradientPath::Auto,
-        "host" => GradientPath::Host,
-        "device" => GradientPath::Device,
-        other => {
-            return Err(
-                format!("--gradient-path must be auto, host or device, not {other}").into(),
-            );
-        }
+    let gradient_path = match args.gradient_path {
+        GradientPathArg::Auto => GradientPath::Auto,
+        GradientPathArg::Host => GradientPath::Host,
+        GradientPathArg::Device => GradientPath::Device,
     };
-    if args.sync_bn && args.amp != "f32" {
-        return Err("--sync-bn works with f32 data-parallel steps, not with --amp".into());
+    refuse_conflicts(&args)?;
+    if args.amp != AmpArg::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
+        eprintln!(
+            "note: --amp on the CPU backend saves activation memory, not time (Flex computes bf16 through f32; its f16 kernels are slower than f32)"
+        );
     }
     let mode = match args.local_sgd {
         Some(period) => SyncMode::LocalSgd { period },
@@ -206,6 +245,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         divergence_check_every: args.check_every,
         gradient_path,
         sync_batch_norm: args.sync_bn,
+        threads_per_replica: args.threads,
         ..DdpConfig::default()
     };
     let setup = Setup {
@@ -216,17 +256,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model,
     };
 
-    let outcomes: Vec<Outcome> = match args.comm.as_str() {
-        "local" => {
+    let outcomes: Vec<Outcome> = match args.comm {
+        CommArg::Local => {
             announce(&args, &setup, devices.len(), &args.devices);
             DataParallel::new(devices)
                 .config(config)
                 .run(|replica| train_replica(replica, &args, &setup))?
         }
-        "mpi" => run_mpi(&args, &setup, devices, config)?,
-        other => return Err(format!("--comm must be local or mpi, not {other}").into()),
+        CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };
 
+    let mut global_images = 0.0;
+    let mut slowest_secs: f64 = 0.0;
     for outcome in &outcomes {
         let report = &outcome.report;
         let images: f64 = report
@@ -235,6 +276,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map(|e| e.images_per_sec * e.elapsed.as_secs_f64())
             .sum();
         let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
+        global_images += images;
+        slowest_secs = slowest_secs.max(secs);
         let mut line = format!(
             "replica {}: {:.0} img/s",
             outcome.rank,
@@ -248,7 +291,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 stats.buckets / stats.steps.max(1),
                 100.0 * stats.overhead(),
             );
-            if stats.communication.is_zero() {
+            if stats.communication.is_zero() && outcome.transport == Some("native") {
                 // NCCL runs on its own stream; only the wait for it is timed on the host.
                 line += ", reduction time not measured on the native path";
             } else {
@@ -266,7 +309,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(amp) = &outcome.amp {
             line += &format!(
-                " | AMP {}: loss scale {}, {} of {} steps skipped",
+                " | AMP {:?}: loss scale {}, {} of {} steps skipped",
                 args.amp, amp.scale, amp.skipped, amp.steps
             );
         }
@@ -274,6 +317,64 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         if outcome.rank == 0 {
             println!("final parameters fingerprint: {:016x}", outcome.fingerprint);
         }
+    }
+    if outcomes.len() > 1 {
+        // Replicas run side by side: all images over the slowest replica's time.
+        println!(
+            "all {} replicas of this process: {:.0} img/s",
+            outcomes.len(),
+            global_images / slowest_secs.max(1e-9)
+        );
+    }
+    Ok(())
+}
+
+/// Refuses option combinations that would otherwise be silently ignored.
+fn refuse_conflicts(args: &Args) -> Result<(), String> {
+    if args.amp != AmpArg::F32 {
+        // The mixed-precision step all-reduces whole gradients itself; these options belong
+        // to the f32 data-parallel step.
+        let ignored = [
+            (args.sync_bn, "--sync-bn"),
+            (args.zero1, "--zero1"),
+            (args.local_sgd.is_some(), "--local-sgd"),
+            (args.compression != CompressionArg::F32, "--compression"),
+            (args.no_overlap, "--no-overlap"),
+            (args.bucket_kb != 25 * 1024, "--bucket-kb"),
+            (
+                args.gradient_path != GradientPathArg::Auto,
+                "--gradient-path",
+            ),
+            (args.check_every != 0, "--check-every"),
+        ];
+        let named: Vec<&str> = ignored
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect();
+        if !named.is_empty() {
+            return Err(format!(
+                "--amp {:?} cannot be combined with {}: mixed precision has its own gradient all-reduce, which does not offer them yet",
+                args.amp,
+                named.join(", ")
+            )
+            .to_lowercase());
+        }
+    }
+    if args.local_sgd.is_some() && args.zero1 {
+        return Err(
+            "--local-sgd and --zero1 conflict: ZeRO-1 shards the optimizer of a synchronous step"
+                .into(),
+        );
+    }
+    if args.local_sgd.is_some() && args.sync_bn {
+        return Err(
+            "--local-sgd and --sync-bn conflict: synchronised batch norm needs replicas in step"
+                .into(),
+        );
+    }
+    if args.balance && args.comm == CommArg::Mpi {
+        return Err("--balance works with --comm local only".into());
     }
     Ok(())
 }
@@ -373,10 +474,11 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init();
-    let precision: Precision = args
-        .amp
-        .parse()
-        .map_err(|e: kiln::amp::PrecisionParseError| TrainError::Config(e.to_string()))?;
+    let precision = match args.amp {
+        AmpArg::F32 => Precision::F32,
+        AmpArg::F16 => Precision::F16,
+        AmpArg::Bf16 => Precision::Bf16,
+    };
     let mut transport = None;
     let (step, sync, amp): (Box<dyn GradientStep<ResNet>>, _, _) = if precision == Precision::F32 {
         let step = if args.no_overlap {

@@ -34,7 +34,7 @@ pub struct BenchArgs {
     /// Smaller sizes and fewer repetitions (the CI smoke run; a few minutes on 2 cores).
     #[arg(long)]
     pub quick: bool,
-    /// Run only these benchmarks (collectives, overhead, ddp, loader, amp).
+    /// Run only these benchmarks (collectives, overhead, ddp, loader, amp, threads, profile, peer).
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
     /// Devices for the training benchmarks (one replica each; default CPU replicas).
@@ -43,6 +43,9 @@ pub struct BenchArgs {
     /// Output directory.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
+    /// Exit non-zero when a figure misses its target (after writing the results).
+    #[arg(long)]
+    pub check: bool,
     /// An earlier results.json: print each figure's ratio to it.
     #[arg(long)]
     pub compare: Option<PathBuf>,

@@ -114,6 +114,24 @@ impl Machine {
     }
 }
 
+/// The figures that miss their target, described.
+pub fn missed_targets(figures: &[Figure]) -> Vec<String> {
+    figures
+        .iter()
+        .filter_map(|f| {
+            let target = f.target?;
+            (!target.met(f.value)).then(|| {
+                format!(
+                    "{} = {:.3} (target {})",
+                    f.key(),
+                    f.value,
+                    target.describe()
+                )
+            })
+        })
+        .collect()
+}
+
 /// Prints the aligned table.
 pub fn print_table(figures: &[Figure]) {
     println!(

@@ -9,11 +9,14 @@ pub(crate) fn chunk_range(len: usize, parts: usize, chunk: usize) -> Range<usize
 
 /// An `f32` buffer stored as one chunk per rank, for [`Communicator::all_reduce_buffer`].
 ///
-/// The in-process backend moves the chunks into the group's shared slots and back without
-/// copying, and each rank reduces its chunk across all ranks in place. Per rank that is one
-/// read and one write of the buffer: about a memcpy's worth of memory traffic, against
+/// The in-process backend moves the chunks into the group's shared slots without copying;
+/// rank `c` reduces chunk `c` of every slot into every rank's output chunk `c`, and each rank
+/// then takes its output chunks as its buffer's chunks, again without copying. Per rank that
+/// is one read and one write of the buffer: about a memcpy's worth of memory traffic, against
 /// roughly three for [`Communicator::all_reduce`] on a slice, which must stage its input and
-/// copy the result back. Fill it with [`copy_from`](Self::copy_from) or
+/// copy the result back. The price is one spare allocation of the buffer's size per rank,
+/// kept by the group for the outputs. Inputs are never overwritten, so a failed reduction
+/// hands the buffer back with its original values. Fill it with [`copy_from`](Self::copy_from) or
 /// [`chunks_mut`](Self::chunks_mut) (e.g. straight from gradient tensors).
 ///
 /// [`Communicator::all_reduce_buffer`]: crate::Communicator::all_reduce_buffer

@@ -61,6 +61,8 @@ impl Communicator {
     /// Reduces a [`ReduceBuffer`] element-wise over all ranks, in place, without staging
     /// copies (the fastest all-reduce of the in-process backend). Backends that cross
     /// processes gain nothing from the layout and reduce a flat copy.
+    ///
+    /// On an error `buffer` holds its original values.
     pub fn all_reduce_buffer(
         &self,
         buffer: &mut ReduceBuffer,

@@ -369,7 +369,7 @@ mod tests {
 }
 
 /// GPU runs: `cargo test -p kiln-comm --features cuda -- --ignored` on a machine with
-/// `KILN_CUDA_DEVICES` (default 1) GPUs; `scripts/gpu-check.sh` does.
+/// `KILN_CUDA_DEVICES` (default 1) GPUs.
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_tests {
     use super::*;

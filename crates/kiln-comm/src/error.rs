@@ -47,4 +47,7 @@ pub enum CommError {
         /// Why, and what to use instead.
         detail: String,
     },
+    /// The backend could not start (e.g. MPI was already initialised in this process).
+    #[error("communication start-up failed: {0}")]
+    Startup(String),
 }

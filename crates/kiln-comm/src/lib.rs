@@ -1,9 +1,10 @@
 //! Collective communication for kiln.
 //!
-//! Every parallel feature of kiln (data-parallel gradient sync, pipeline transfers, parameter
-//! averaging) talks through a [`Communicator`]: `rank()`, `world_size()`, `all_reduce`,
-//! `broadcast`, `all_gather`, `reduce_scatter`, `barrier`, `send` and `recv`, on `f32`, `f16`
-//! and `bf16` buffers (half buffers are reduced in `f32`).
+//! Kiln's data-parallel training (gradient sync, parameter and statistics averaging) talks
+//! through a [`Communicator`]: `rank()`, `world_size()`, `all_reduce`, `broadcast`,
+//! `all_gather`, `reduce_scatter`, `barrier`, `send` and `recv`, on `f32`, `f16` and `bf16`
+//! buffers (half buffers are reduced in `f32`). Data parallelism is the only parallelism kiln
+//! has today; `send` and `recv` are there for pipeline parallelism, which is planned.
 //!
 //! Backends are a closed set, so [`Communicator`] is an enum rather than a trait object
 //! (as crossbeam does with its channel flavours):

@@ -4,8 +4,9 @@
 //! owns MPI: it initialises it (`MPI_THREAD_MULTIPLE`), runs the operations this rank submits
 //! in order, and finalises it when the communicator is dropped. Callers wait for each result
 //! with the configured timeout. MPI collectives cannot be cancelled, so a timeout aborts the
-//! whole job (`MPI_Abort`): every other rank is terminated by the launcher instead of waiting
-//! forever, and this rank gets the error first.
+//! whole job (`MPI_Abort`) instead of returning: this rank first prints the timeout error
+//! (which rank gave up, in which operation, after how long), then the launcher terminates
+//! every rank, this one included, instead of letting them wait forever.
 //!
 //! `f32` reductions use MPI's own `MPI_SUM`/`MAX`/`MIN`. MPI has no half type and
 //! user-defined reductions would need libffi, so half-precision all-reduce gathers the 16-bit
@@ -39,7 +40,8 @@ pub struct MpiCommunicator {
 impl MpiCommunicator {
     /// Initialises MPI on a dedicated thread and joins the world communicator.
     ///
-    /// Fails if MPI was already initialised in this process.
+    /// Fails with [`CommError::Startup`] if MPI was already initialised in this process or
+    /// its thread could not start.
     pub fn world(timeout: Duration) -> Result<crate::Communicator, CommError> {
         let (jobs, receive_jobs) = crossbeam_channel::unbounded::<Job>();
         let (ready, started) = crossbeam_channel::bounded(1);
@@ -60,10 +62,22 @@ impl MpiCommunicator {
                 }
                 // `universe` drops here: MPI_Finalize, on the thread that initialised MPI.
             })
-            .map_err(|e| init_error(format!("cannot spawn the MPI thread: {e}")))?;
-        let (rank, world_size) = started.recv().ok().flatten().ok_or_else(|| {
-            init_error("MPI could not be initialised (already initialised in this process?)".into())
-        })?;
+            .map_err(|e| CommError::Startup(format!("cannot spawn the MPI thread: {e}")))?;
+        let (rank, world_size) = match started.recv() {
+            Ok(Some(started)) => started,
+            Ok(None) => {
+                return Err(CommError::Startup(
+                    "MPI is already initialised in this process (call \
+                     `MpiCommunicator::world` once per process)"
+                        .into(),
+                ));
+            }
+            Err(_) => {
+                return Err(CommError::Startup(
+                    "the MPI thread stopped while initialising MPI (see its panic message)".into(),
+                ));
+            }
+        };
         Ok(crate::Communicator::Mpi(Self {
             rank,
             world_size,
@@ -118,8 +132,8 @@ impl MpiCommunicator {
                     rank: self.rank,
                     waited: self.timeout,
                 };
-                self.abort(err.to_string());
-                Err(err)
+                // Never returns: the collective cannot be cancelled, so the job ends here.
+                abort_job(self.rank, &err.to_string())
             }
         }
     }
@@ -133,17 +147,7 @@ impl MpiCommunicator {
         let world = self.world_size;
         self.call(name, move |comm| {
             let mut out = vec![0.0f32; data.len()];
-            match op {
-                ReduceOp::Sum | ReduceOp::Mean => {
-                    comm.all_reduce_into(&data[..], &mut out[..], SystemOperation::sum())
-                }
-                ReduceOp::Max => {
-                    comm.all_reduce_into(&data[..], &mut out[..], SystemOperation::max())
-                }
-                ReduceOp::Min => {
-                    comm.all_reduce_into(&data[..], &mut out[..], SystemOperation::min())
-                }
-            }
+            comm.all_reduce_into(&data[..], &mut out[..], system_op(op));
             op.finish(&mut out, world);
             out
         })
@@ -246,17 +250,7 @@ impl MpiCommunicator {
         let (len, world) = (output.len(), self.world_size);
         let out = self.call("reduce_scatter", move |comm| {
             let mut out = vec![0.0f32; len];
-            match op {
-                ReduceOp::Sum | ReduceOp::Mean => {
-                    comm.reduce_scatter_block_into(&wide[..], &mut out[..], SystemOperation::sum())
-                }
-                ReduceOp::Max => {
-                    comm.reduce_scatter_block_into(&wide[..], &mut out[..], SystemOperation::max())
-                }
-                ReduceOp::Min => {
-                    comm.reduce_scatter_block_into(&wide[..], &mut out[..], SystemOperation::min())
-                }
-            }
+            comm.reduce_scatter_block_into(&wide[..], &mut out[..], system_op(op));
             op.finish(&mut out, world);
             out
         })?;
@@ -367,11 +361,13 @@ pub(crate) fn abort_job(rank: usize, reason: &str) -> ! {
     SimpleCommunicator::world().abort(1)
 }
 
-fn init_error(detail: String) -> CommError {
-    CommError::InvalidArgument {
-        op: "mpi_init",
-        rank: 0,
-        detail,
+/// MPI's built-in operation for the reduction part of `op` (a mean is summed, then divided
+/// by `ReduceOp::finish`).
+fn system_op(op: ReduceOp) -> SystemOperation {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
+        ReduceOp::Max => SystemOperation::max(),
+        ReduceOp::Min => SystemOperation::min(),
     }
 }
 

@@ -24,6 +24,19 @@ impl ReduceOp {
         }
     }
 
+    /// Overwrites `out` with `a` combined with `b`, in one pass (cheaper than copying `a` and
+    /// folding `b` in when `out` is not in cache).
+    #[inline]
+    pub(crate) fn combine_into(self, out: &mut Vec<f32>, a: &[f32], b: &[f32]) {
+        out.clear();
+        let pairs = a.iter().zip(b);
+        match self {
+            ReduceOp::Sum | ReduceOp::Mean => out.extend(pairs.map(|(x, y)| x + y)),
+            ReduceOp::Max => out.extend(pairs.map(|(x, y)| x.max(*y))),
+            ReduceOp::Min => out.extend(pairs.map(|(x, y)| x.min(*y))),
+        }
+    }
+
     /// Applies the final step once every rank's values are combined.
     #[inline]
     pub(crate) fn finish(self, acc: &mut [f32], world_size: usize) {

@@ -73,17 +73,31 @@ pub struct Pending<T> {
 }
 
 impl<T> Pending<T> {
-    /// Blocks until the operation has run. The operation itself is bounded by the group's
-    /// timeout, so this cannot wait forever.
+    /// Blocks until the operation has run or failed.
+    ///
+    /// Operations run one at a time, so this waits for everything submitted before it too.
+    /// Each communicator call in them fails after the group's timeout rather than hanging, so
+    /// operations made of communicator calls end in bounded time; a submitted closure that
+    /// blocks on something else (a lock, a channel, a loop) holds this wait up as long as it
+    /// does. If the communication thread has stopped (an operation panicked), this returns
+    /// [`CommError::PeerLost`] at once.
     pub fn wait(self) -> Result<Timed<T>, CommError> {
-        self.result.recv().unwrap_or_else(|_| {
-            Err(CommError::PeerLost {
-                op: "wait",
-                rank: self.rank,
-                peer: self.rank,
-                reason: "the communication thread stopped (a collective panicked)".into(),
-            })
-        })
+        self.result
+            .recv()
+            .unwrap_or_else(|_| Err(thread_stopped(self.rank)))
+    }
+}
+
+/// The error of an operation that cannot run because the communication thread has stopped.
+fn thread_stopped(rank: usize) -> CommError {
+    CommError::PeerLost {
+        op: "submit",
+        rank,
+        peer: rank,
+        reason: format!(
+            "the communication thread of rank {rank} has stopped (an operation submitted to \
+             it panicked)"
+        ),
     }
 }
 
@@ -129,12 +143,16 @@ impl CommWorker {
     }
 
     /// Queues `op` to run on the communication thread after everything submitted before it.
+    ///
+    /// If the thread has stopped (an earlier operation panicked), `op` never runs and the
+    /// [`Pending`] holds [`CommError::PeerLost`].
     pub fn submit<T, F>(&self, op: F) -> Pending<T>
     where
         T: Send + 'static,
         F: FnOnce(&Communicator) -> Result<T, CommError> + Send + 'static,
     {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let reply = tx.clone();
         let job: Job = Box::new(move |comm| {
             let start = Instant::now();
             let result = op(comm).map(|value| Timed {
@@ -143,10 +161,17 @@ impl CommWorker {
             });
             let _ = tx.send(result);
         });
-        if let Some(jobs) = &self.jobs {
-            // If the thread is gone the job is dropped with its sender and `wait` reports it.
-            let _ = jobs.send(job);
+        // The thread is gone once an operation panicked: answer the job here instead. (A job
+        // queued just before the thread stops is dropped with the queue; `wait` sees its
+        // reply channel close and reports the same error.)
+        let queued = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok());
+        if !queued {
+            let _ = reply.send(Err(thread_stopped(self.rank)));
         }
+        drop(reply);
         Pending {
             rank: self.rank,
             result: rx,
@@ -169,5 +194,54 @@ impl Drop for CommWorker {
         if let Some(handle) = self.handle.take() {
             let _ = handle.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::CommWorker;
+    use crate::{CommError, InProcessGroup};
+
+    fn thread_stopped(result: &Result<impl std::fmt::Debug, CommError>) -> bool {
+        matches!(result, Err(CommError::PeerLost { reason, .. }) if reason.contains("stopped"))
+    }
+
+    /// After an operation panics, the one queued behind it and every later one fail with an
+    /// error instead of hanging, and none of them runs.
+    #[test]
+    fn operations_after_the_thread_stopped_fail_instead_of_hanging() {
+        let start = Instant::now();
+        let worker = CommWorker::spawn(InProcessGroup::new(1).build().pop().unwrap());
+        let (release, gate) = crossbeam_channel::bounded::<()>(0);
+        let panicking = worker.submit(move |_| -> Result<(), CommError> {
+            let _ = gate.recv();
+            panic!("planted failure");
+        });
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        let queued = worker.submit(move |_| {
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        drop(release); // lets the first operation panic
+        assert!(thread_stopped(&panicking.wait()));
+        assert!(thread_stopped(&queued.wait()));
+        for _ in 0..3 {
+            let flag = Arc::clone(&ran);
+            let later = worker.run(move |_| {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            });
+            assert!(thread_stopped(&later), "{later:?}");
+        }
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "no operation runs after the panic"
+        );
+        assert!(start.elapsed() < Duration::from_secs(10));
     }
 }

@@ -1,7 +1,7 @@
 //! Core vocabulary shared by every kiln crate.
 //!
-//! - [`segment`] — a model seen as an ordered list of segments, which the planner, pipeline
-//!   stages and backward/communication overlap all build on.
+//! - [`segment`] — a model seen as an ordered list of segments, on which backward/communication
+//!   overlap builds today (and the planned pipeline stages and planner will).
 //! - [`classifier`] — [`ImageClassifier`], what the trainer needs of a model.
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.

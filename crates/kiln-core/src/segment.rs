@@ -1,18 +1,19 @@
 //! Models as ordered lists of segments.
 //!
-//! The planner profiles segments, the pipeline runtime places contiguous runs of them on
-//! devices, and data-parallel training runs backward one segment at a time so that a
-//! segment's gradients are all-reduced while earlier segments are still differentiating.
-//! All three need the same view of a model, which [`Segmented`] gives:
+//! Data-parallel training runs backward one segment at a time so that a segment's gradients
+//! are all-reduced while earlier segments are still differentiating. A planner that profiles
+//! segments and a pipeline runtime that places contiguous runs of them on devices are planned
+//! (kiln has data parallelism only today) and would need the same view of a model, which
+//! [`Segmented`] gives:
 //!
 //! ```text
 //!  Input ──▶ [input segment] ──Hidden──▶ [middle 0] ──Hidden──▶ … ──▶ [output segment] ──▶ Output
 //! ```
 //!
-//! The middle segments share one activation type ([`Segmented::Hidden`]), so any contiguous
-//! run of them can form a pipeline stage and every boundary can be cut with
-//! [`Activation::detach_boundary`]. Running the segments in order must be exactly the model's
-//! `forward` ([`forward_segments`]).
+//! The middle segments share one activation type ([`Segmented::Hidden`]), so every boundary
+//! can be cut with [`Activation::detach_boundary`] (and any contiguous run of them could form
+//! a pipeline stage, once pipelines exist). Running the segments in order must be exactly the
+//! model's `forward` ([`forward_segments`]).
 
 use burn::module::{Module, ModuleVisitor};
 use burn::tensor::{Gradients, Tensor};
@@ -39,7 +40,7 @@ pub trait Activation: Clone + Send + 'static {
     /// The gradients of everything upstream equal those of the uncut graph: backward of
     /// `sum(self * upstream)` seeds exactly `upstream` at `self`.
     fn backward_with(&self, upstream: Self) -> Gradients;
-    /// Size in bytes (for memory profiling and pipeline transfers).
+    /// Size in bytes (for the planned memory profiling and pipeline transfers).
     fn size_bytes(&self) -> usize;
 }
 
@@ -63,10 +64,11 @@ impl<const D: usize> Activation for Tensor<D> {
 
 /// A model that can run as an ordered list of segments.
 ///
-/// Implement it for your own Burn model to get overlapped gradient sync, pipeline stages and
-/// planning. The contract: [`forward_segments`] returns exactly what the model's own forward
-/// returns, and [`visit_segment`](Self::visit_segment) over all segments visits every
-/// parameter exactly once.
+/// Implement it for your own Burn model to get overlapped gradient sync (the planned
+/// pipeline stages and planner would build on it too). The contract: [`forward_segments`]
+/// returns exactly what the model's own forward returns, and
+/// [`visit_segment`](Self::visit_segment) over all segments visits every parameter exactly
+/// once.
 pub trait Segmented: Module {
     /// The model input (e.g. a batch of images).
     type Input;

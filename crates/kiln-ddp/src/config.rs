@@ -1,5 +1,7 @@
 //! Data-parallel options.
 
+use crate::DdpError;
+
 /// The element type gradients travel in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
@@ -73,6 +75,58 @@ pub struct DdpConfig {
     /// [`Replica::gradient_step`](crate::Replica::gradient_step) the whole model is one
     /// segment and is replayed once per layer.
     pub sync_batch_norm: bool,
+    /// Threads of each replica's own compute pool (Burn's CPU kernels run in it). `None`: the
+    /// machine's cores divided among this process's replicas, at least one each (see
+    /// [`default_threads_per_replica`](crate::default_threads_per_replica)).
+    pub threads_per_replica: Option<usize>,
+}
+
+impl DdpConfig {
+    /// Checks that every option takes effect: values in range, and no option that another
+    /// one would silently switch off.
+    ///
+    /// # Errors
+    ///
+    /// [`DdpError::Config`] naming the option (or the two conflicting options) and why.
+    pub fn validate(&self) -> Result<(), DdpError> {
+        let fail = |message: &str| Err(DdpError::Config(message.into()));
+        let synchronous = self.mode == SyncMode::Gradients;
+        if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
+            return fail("bucket_cap_bytes and first_bucket_bytes must be at least 1 byte");
+        }
+        if self.mode == (SyncMode::LocalSgd { period: 0 }) {
+            return fail("local SGD's period must be at least 1 step");
+        }
+        if self.timeout.is_zero() {
+            return fail("timeout must be longer than zero");
+        }
+        if self.threads_per_replica == Some(0) {
+            return fail(
+                "threads_per_replica must be at least 1 (None: the cores divided among replicas)",
+            );
+        }
+        if self.zero1 && !synchronous {
+            return fail(
+                "zero1 needs SyncMode::Gradients: ZeRO-1 shards the optimizer of a synchronous step",
+            );
+        }
+        if self.zero1 && self.gradient_path == GradientPath::Device {
+            return fail(
+                "zero1 and GradientPath::Device conflict: ZeRO-1 reduce-scatters one host buffer (use Auto or Host)",
+            );
+        }
+        if self.compression != Compression::None && !synchronous {
+            return fail(
+                "compression applies to the gradient all-reduce of SyncMode::Gradients only",
+            );
+        }
+        if self.divergence_check_every > 0 && !synchronous {
+            return fail(
+                "divergence_check_every needs SyncMode::Gradients: other modes let replicas differ by design",
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for DdpConfig {
@@ -87,6 +141,7 @@ impl Default for DdpConfig {
             timeout: kiln_comm::DEFAULT_TIMEOUT,
             gradient_path: GradientPath::Auto,
             sync_batch_norm: false,
+            threads_per_replica: None,
         }
     }
 }

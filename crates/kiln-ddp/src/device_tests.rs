@@ -4,7 +4,8 @@
 //! On CPU the device path stages buckets through the host, which exercises everything the
 //! native NCCL path shares with it: gradients kept as device tensors, buckets concatenated
 //! on the device, reduced buckets split back into parameters, sample-count weighting. The
-//! `cuda` tests run the native path on a GPU machine (`scripts/gpu-check.sh`).
+//! `cuda` tests run the native path on a GPU machine:
+//! `cargo test -p kiln-ddp --features cuda -- --ignored cuda` (see the `cuda` module).
 
 use crate::test_support::{Setup, assert_close, data, replicated, single};
 use crate::{Compression, GradientPath, SyncMode};

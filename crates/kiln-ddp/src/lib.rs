@@ -27,6 +27,8 @@
 //!   exact backward, so N replicas train like one device even with batch norm.
 //! - **ZeRO-1** ([`DdpConfig::zero1`]): optimizer state sharded over replicas; gradients are
 //!   reduce-scattered and parameters all-gathered.
+//! - **A thread pool per replica** ([`DdpConfig::threads_per_replica`]): each replica's
+//!   CPU kernels run on its own share of the cores instead of contending in one global pool.
 #![warn(missing_docs)]
 
 mod balance;
@@ -38,6 +40,7 @@ mod plan;
 mod runtime;
 mod step;
 mod sync;
+mod threads;
 mod zero;
 
 pub use balance::BatchSplit;
@@ -47,11 +50,14 @@ pub use plan::BucketPlan;
 pub use runtime::{DataParallel, Replica};
 pub use step::{DdpStep, SyncStats};
 pub use sync::average_buffers;
+pub use threads::default_threads_per_replica;
 
 #[cfg(test)]
 mod device_tests;
 #[cfg(test)]
 mod sync_bn_tests;
+#[cfg(test)]
+mod sync_mode_tests;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]

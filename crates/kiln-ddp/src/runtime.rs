@@ -11,6 +11,7 @@ use kiln_train::TrainError;
 use crate::pass::{Passes, full_pass, segment_groups, segmented_pass, whole_model_groups};
 use crate::step::Transport;
 use crate::sync::{Selection, broadcast, check_divergence};
+use crate::threads::{replica_pool, resolve_threads};
 use crate::{DdpConfig, DdpError, DdpStep};
 
 /// Runs a training closure on one replica per device, in threads of this process.
@@ -140,6 +141,8 @@ impl DataParallel {
         R: Send,
         F: Fn(Replica) -> Result<R, TrainError> + Sync,
     {
+        self.config.validate()?;
+        let threads = resolve_threads(self.config.threads_per_replica, self.devices.len());
         let results: Vec<Result<R, DdpError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = comms
                 .into_iter()
@@ -164,7 +167,11 @@ impl DataParallel {
                     let train = &train;
                     let handle = std::thread::Builder::new()
                         .name(format!("kiln-replica-{rank}"))
-                        .spawn_scoped(scope, move || train(replica))
+                        .spawn_scoped(scope, move || {
+                            let pool = replica_pool(rank, threads)?;
+                            pool.install(|| train(replica))
+                                .map_err(|source| DdpError::Replica { rank, source })
+                        })
                         .expect("failed to spawn a replica thread");
                     (rank, handle, abort)
                 })
@@ -173,8 +180,7 @@ impl DataParallel {
                 .into_iter()
                 .map(|(rank, handle, abort)| {
                     let result = match handle.join() {
-                        Ok(Ok(value)) => Ok(value),
-                        Ok(Err(source)) => Err(DdpError::Replica { rank, source }),
+                        Ok(result) => result,
                         Err(panic) => Err(DdpError::Panicked {
                             rank,
                             message: panic_message(panic.as_ref()),
@@ -200,41 +206,6 @@ impl DataParallel {
             None if !errors.is_empty() => Err(errors.swap_remove(0)),
             None => Ok(values),
         }
-    }
-}
-
-impl DataParallel {
-    /// Runs `train` as the one replica of this process, communicating through `comm`
-    /// (e.g. `MpiCommunicator::world` with feature `mpi`, under `mpirun`: one
-    /// process per device, possibly across machines). `device` is this replica's device.
-    ///
-    /// A failure aborts the group (under MPI: the whole job) so that no rank waits forever.
-    pub fn run_rank<R, F>(
-        comm: kiln_comm::Communicator,
-        device: Device,
-        config: DdpConfig,
-        train: F,
-    ) -> Result<R, DdpError>
-    where
-        F: FnOnce(Replica) -> Result<R, TrainError>,
-    {
-        let rank = comm.rank();
-        let world_size = comm.world_size();
-        let comm = Arc::new(CommWorker::spawn(comm));
-        let abort = comm.abort_handle();
-        let replica = Replica {
-            rank,
-            world_size,
-            device,
-            comm,
-            config,
-            device_group: None,
-        };
-        let result = train(replica).map_err(|source| DdpError::Replica { rank, source });
-        if let Err(err) = &result {
-            abort.abort(format!("replica {rank} failed: {err}"));
-        }
-        result
     }
 }
 

@@ -529,7 +529,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
             model
         };
         let model = match self.config.mode {
-            SyncMode::LocalSgd { period } if (step + 1).is_multiple_of(period.max(1)) => {
+            SyncMode::LocalSgd { period } if (step + 1).is_multiple_of(period) => {
                 average(&self.comm, model, Selection::All)?
             }
             _ => model,

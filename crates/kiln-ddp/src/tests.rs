@@ -1,15 +1,19 @@
 //! Equivalence: N replicas must train exactly like one device on the union of their batches
-//! (tolerances in `test_support`), plus failure, divergence and batch-norm behaviour.
+//! (tolerances in `test_support`, with controls showing that wrong updates exceed them), plus
+//! overlap, failure, divergence and batch-norm behaviour. Sync modes: `sync_mode_tests`.
 
 use std::time::{Duration, Instant};
 
-use burn::optim::SgdConfig;
 use burn::tensor::Device;
-use kiln_data::{DataError, DataLoader, ImageItem, ImageSource, SyntheticImages};
+use kiln_data::{DataLoader, SyntheticImages};
 use kiln_train::{TrainError, Trainer};
 
 use crate::test_support::*;
-use crate::{Compression, DataParallel, DdpConfig, DdpError, SyncMode};
+use crate::{Compression, DataParallel, DdpConfig, DdpError, GradientPath, SyncMode};
+
+/// The f32 and the compressed tolerance (see `test_support`).
+const EXACT: f32 = 1e-5;
+const COMPRESSED: f32 = 2e-2;
 
 #[test]
 fn replicas_match_single_device_on_the_union_of_their_batches() {
@@ -20,7 +24,7 @@ fn replicas_match_single_device_on_the_union_of_their_batches() {
         assert_close(
             &replicated(&setup),
             &reference,
-            1e-5,
+            EXACT,
             &format!("{world} replicas, overlapped {overlapped}"),
         );
     }
@@ -34,7 +38,7 @@ fn small_buckets_give_the_same_result_as_one_bucket() {
     assert_close(
         &replicated(&setup),
         &single(data(), 8, 1, true),
-        1e-5,
+        EXACT,
         "tiny buckets",
     );
 }
@@ -46,13 +50,13 @@ fn accumulation_syncs_once_and_matches_one_large_batch() {
     assert_close(
         &replicated(&setup),
         &single(data(), 16, 1, true),
-        1e-5,
+        EXACT,
         "2 replicas x 2 micro-batches",
     );
     assert_close(
         &[single(data(), 16, 4, true)],
         &single(data(), 16, 1, true),
-        1e-5,
+        EXACT,
         "local accumulation",
     );
 }
@@ -66,24 +70,91 @@ fn compressed_gradients_match_within_half_precision_tolerance() {
         assert_close(
             &replicated(&setup),
             &reference,
-            2e-2,
+            COMPRESSED,
             &format!("{compression:?}"),
         );
     }
 }
 
-/// The samples of each step, concatenated over replicas, as one source.
-struct Concatenated {
-    inner: SyntheticImages,
-    order: Vec<usize>,
+/// The controls of the tolerances: wrong updates exceed them, so the equivalence tests (here,
+/// in `device_tests` and `sync_bn_tests`) can fail.
+#[test]
+fn wrong_updates_exceed_the_equivalence_tolerances() {
+    let reference = single(data(), 8, 1, true);
+    let start = start_of(&reference).expect("trained by `single`");
+    // Replicas that never synchronise follow their own 4 samples instead of the union's 8:
+    // far outside even the compressed tolerance, on the host and the device path.
+    for path in [GradientPath::Host, GradientPath::Device] {
+        let mut setup = Setup::new(2, 4);
+        setup.config.mode = SyncMode::Unsynchronized;
+        setup.config.gradient_path = path;
+        let what = format!("unsynchronised, {path:?} path");
+        let worst = change_error(&replicated(&setup), &reference, &start, &what);
+        assert!(worst.error > 10.0 * COMPRESSED, "{what}: only {worst:?}");
+    }
+    // Updates a little too large: 5% exceeds the compressed tolerance, 0.01% the f32 one.
+    for (factor, tolerance) in [(1.05, COMPRESSED), (1.0001, EXACT)] {
+        let schedule = Schedule {
+            lr: 0.2 * factor,
+            ..Schedule::default()
+        };
+        let wrong = single_with(Device::flex(), data(), 8, 1, true, &schedule, TinyNet::new);
+        let worst = change_error(&[wrong], &reference, &start, "larger updates");
+        assert!(
+            worst.error > tolerance,
+            "learning rate x{factor}: only {worst:?}"
+        );
+    }
 }
 
-impl ImageSource for Concatenated {
-    fn len(&self) -> usize {
-        self.order.len()
-    }
-    fn get(&self, index: usize) -> Result<ImageItem, DataError> {
-        self.inner.get(self.order[index])
+/// Backward of a many-segment model with small buckets: the early buckets are reduced while
+/// later segments still differentiate, so part of the communication is hidden.
+#[test]
+fn small_buckets_overlap_communication_with_backward() {
+    const STEPS: usize = 3;
+    let stats = DataParallel::new(vec![Device::flex(); 2])
+        .config(DdpConfig {
+            bucket_cap_bytes: 4096,
+            first_bucket_bytes: 1024,
+            ..DdpConfig::default()
+        })
+        .run(|replica| {
+            let device = replica.train_device();
+            let model = kiln_core::init_module(&device, 9, || {
+                kiln_resnet::ResNetConfig::resnet18(4)
+                    .with_stem(kiln_resnet::StemKind::Cifar)
+                    .with_base_width(4)
+                    .init(&device)
+            });
+            let model = replica.broadcast_module(model)?;
+            // Images large enough that each segment's backward outlasts a thread wake-up.
+            let loader = DataLoader::builder(SyntheticImages::new(64, 4, 3, [3, 24, 24]))
+                .batch_size(8)
+                .shard(replica.rank(), 2)
+                .device(device)
+                .build();
+            let step = replica.overlapped_step();
+            let stats = step.stats();
+            Trainer::builder(model, optimizer())
+                .gradient_step(step)
+                .train_loader(loader)
+                .max_steps(STEPS)
+                .progress(false)
+                .log_epochs(false)
+                .build()?
+                .fit()?;
+            let stats = *stats.lock().unwrap();
+            Ok(stats)
+        })
+        .unwrap();
+    for (rank, stats) in stats.iter().enumerate() {
+        assert_eq!(stats.steps, STEPS);
+        assert!(stats.buckets >= 4 * STEPS, "rank {rank}: {stats:?}");
+        assert!(!stats.communication.is_zero(), "rank {rank}: {stats:?}");
+        assert!(
+            stats.hidden_fraction() > 0.0,
+            "rank {rank}: nothing hidden: {stats:?}"
+        );
     }
 }
 
@@ -129,51 +200,7 @@ fn uneven_batches_weighted_by_share_equal_one_large_batch() {
     let mut setup = Setup::new(2, 0);
     setup.weights = Some(weights);
     setup.batches = Some(batches);
-    assert_close(&replicated(&setup), &reference, 1e-5, "uneven 2 + 6");
-}
-
-#[test]
-fn local_sgd_averaging_every_step_equals_synchronous_plain_sgd() {
-    // With plain SGD the update is linear in the gradient, so averaging parameters after every
-    // local step is the same as averaging gradients.
-    let run = |mode| {
-        DataParallel::new(vec![Device::flex(); 2])
-            .config(DdpConfig {
-                mode,
-                ..DdpConfig::default()
-            })
-            .run(|replica| {
-                let device = replica.train_device();
-                let model = replica.broadcast_module(TinyNet::new(&device))?;
-                let loader = DataLoader::builder(data())
-                    .batch_size(4)
-                    .shard(replica.rank(), 2)
-                    .device(device)
-                    .build();
-                let (model, _) = Trainer::builder(model, SgdConfig::new().init())
-                    .gradient_step(replica.overlapped_step())
-                    .schedule(kiln_train::LrSchedule::constant(0.2))
-                    .train_loader(loader)
-                    .max_steps(STEPS)
-                    .progress(false)
-                    .log_epochs(false)
-                    .build()?
-                    .fit()?;
-                replica.check_divergence(&model)?;
-                Ok(params(&model))
-            })
-            .unwrap()
-    };
-    let synchronous = run(SyncMode::Gradients);
-    let local = run(SyncMode::LocalSgd { period: 1 });
-    assert_close(&local, &synchronous[0], 1e-5, "local SGD, period 1");
-    let drifting = run(SyncMode::LocalSgd { period: 3 });
-    assert_close(
-        &drifting[1..],
-        &drifting[0],
-        0.0,
-        "averaged at the end of a period",
-    );
+    assert_close(&replicated(&setup), &reference, EXACT, "uneven 2 + 6");
 }
 
 #[test]
@@ -350,7 +377,7 @@ fn zero1_shards_optimizer_state_and_matches_single_device() {
     let reference = single(data(), 12, 1, true);
     let mut setup = Setup::new(3, 4);
     setup.config.zero1 = true;
-    assert_close(&replicated(&setup), &reference, 1e-5, "ZeRO-1, 3 replicas");
+    assert_close(&replicated(&setup), &reference, EXACT, "ZeRO-1, 3 replicas");
 }
 
 #[test]
@@ -373,7 +400,7 @@ fn measured_throughput_sizes_batches_and_training_stays_exact() {
     assert_close(
         &replicated(&setup),
         &reference,
-        1e-5,
+        EXACT,
         "throughput-balanced 2 + 6",
     );
 }

@@ -3,7 +3,7 @@
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln_core::init_module;
+use kiln_core::{FlatLayout, init_module, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNetConfig, StemKind};
 
@@ -75,6 +75,24 @@ fn a_loader_on_a_plain_device_is_rejected_with_a_clear_error() {
     assert!(matches!(result, Err(TrainError::Config(msg)) if msg.contains("autodiff")));
 }
 
+/// Each trainable tensor's values, by path.
+fn trainable<M: burn::module::Module>(model: &M) -> Vec<(String, Vec<f32>)> {
+    let infos = param_infos(model);
+    let layout = FlatLayout::new(infos.clone());
+    let flat = read_params(model, &layout);
+    layout
+        .entries()
+        .iter()
+        .filter(|e| e.info.trainable)
+        .map(|e| {
+            (
+                e.info.path.clone(),
+                flat[e.offset..e.offset + e.info.numel()].to_vec(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn adamw_with_step_decay_trains_through_the_same_builder() {
     let device = Device::flex().autodiff();
@@ -84,8 +102,9 @@ fn adamw_with_step_decay_trains_through_the_same_builder() {
             .with_base_width(2)
             .init(&device)
     });
+    let before = trainable(&model);
     let data = SyntheticImages::new(64, 4, 2, [3, 8, 8]).with_noise(0.5);
-    let (_, report) = Trainer::builder(model, burn::optim::AdamWConfig::new().init())
+    let (model, report) = Trainer::builder(model, burn::optim::AdamWConfig::new().init())
         .schedule(LrSchedule::constant(1e-2).step_decay(2, 0.5))
         .train_loader(
             DataLoader::builder(data)
@@ -102,5 +121,25 @@ fn adamw_with_step_decay_trains_through_the_same_builder() {
         .unwrap();
     let rates: Vec<f64> = report.steps.iter().map(|s| s.lr).collect();
     assert_eq!(rates, vec![1e-2, 1e-2, 5e-3, 5e-3, 2.5e-3, 2.5e-3]);
-    assert!(report.losses().iter().all(|l| l.is_finite()));
+    // Every trainable tensor moved by an Adam-sized step: its first update alone moves each
+    // element by about the learning rate (1e-2), whatever the gradient's scale.
+    let after = trainable(&model);
+    assert_eq!(after.len(), before.len());
+    for ((path, old), (_, new)) in before.iter().zip(&after) {
+        let moved = old
+            .iter()
+            .zip(new)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(moved > 5e-3, "{path} moved only {moved:e}");
+    }
+    // Four batches per epoch, unshuffled: steps 4 and 5 see the batches of steps 0 and 1
+    // again, and the loss on them fell.
+    let losses = report.losses();
+    assert!(losses.iter().all(|l| l.is_finite()));
+    for (first, again) in [(0, 4), (1, 5)] {
+        assert!(
+            losses[again] < 0.9 * losses[first],
+            "same batch, step {first} -> {again}: {losses:?}"
+        );
+    }
 }

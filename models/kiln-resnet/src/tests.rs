@@ -1,5 +1,6 @@
 //! Parameter counts against torchvision and segment equivalence.
 
+use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Distribution, Tensor};
 use kiln_core::{
@@ -8,13 +9,36 @@ use kiln_core::{
 
 use crate::{ResNet, ResNetConfig, StemKind};
 
+/// Trainable parameters of `config`'s model, counted from the shapes of its lazy
+/// parameters: building and counting allocate no weights (asserted), so even ResNet-152 is
+/// cheap. Burn's batch-norm running statistics are allocated at once; they are buffers and
+/// not counted.
 fn trainable_params(config: &ResNetConfig) -> usize {
     let model = config.init(&Device::flex().autodiff());
-    param_infos(&model)
-        .iter()
-        .filter(|p| p.trainable)
-        .map(|p| p.numel())
-        .sum()
+    let mut counter = LazyCount::default();
+    model.visit(&mut counter);
+    assert!(counter.trainable > 0);
+    assert_eq!(counter.materialised, 0, "counting allocated weights");
+    counter.trainable
+}
+
+/// Counts the elements of lazy (not yet allocated) parameters and of allocated trainable ones.
+#[derive(Default)]
+struct LazyCount {
+    trainable: usize,
+    /// Allocated trainable parameters: none, if nothing forced initialisation.
+    materialised: usize,
+}
+
+impl burn::module::ModuleVisitor for LazyCount {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+        if !param.is_initialized() {
+            self.trainable += param.lazy_shape().num_elements();
+        } else if param.val().is_require_grad() {
+            self.trainable += param.val().shape().num_elements();
+            self.materialised += 1;
+        }
+    }
 }
 
 #[test]
@@ -22,6 +46,8 @@ fn parameter_counts_equal_torchvision() {
     assert_eq!(trainable_params(&ResNetConfig::resnet18(1000)), 11_689_512);
     assert_eq!(trainable_params(&ResNetConfig::resnet34(1000)), 21_797_672);
     assert_eq!(trainable_params(&ResNetConfig::resnet50(1000)), 25_557_032);
+    assert_eq!(trainable_params(&ResNetConfig::resnet101(1000)), 44_549_160);
+    assert_eq!(trainable_params(&ResNetConfig::resnet152(1000)), 60_192_808);
     assert_eq!(
         trainable_params(&ResNetConfig::resnet18(10).with_stem(StemKind::Cifar)),
         11_173_962

@@ -111,8 +111,8 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         )
         .spread(device_path.spread.max(overlapped.spread)),
     );
-    // Synchronised batch norm: per-layer statistics all-reduces and a replay of the
-    // segment's forward per batch-norm layer (see kiln_core::sync_norm).
+    // Synchronised batch norm: per-layer statistics all-reduces and, in backward, one replay
+    // of each residual block's forward (see kiln_core::sync_norm).
     let synced_bn = DdpConfig {
         sync_batch_norm: true,
         ..synchronous.clone()

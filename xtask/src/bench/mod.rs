@@ -8,6 +8,10 @@ mod collectives;
 mod ddp;
 mod loader;
 mod overhead;
+mod peer;
+mod profile;
+mod threads;
+mod throughput;
 mod workload;
 
 use std::path::Path;
@@ -15,7 +19,7 @@ use std::path::Path;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::BenchArgs;
-use crate::report::{Figure, Machine, Results, print_comparison, print_table};
+use crate::report::{Figure, Machine, Results, missed_targets, print_comparison, print_table};
 use crate::svg::Series;
 
 /// A chart to write: file stem, title, axes, log-x, lines.
@@ -37,12 +41,15 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 5] = [
+const SUITE: [(&str, Bench); 8] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
     ("loader", loader::run),
     ("amp", amp::run),
+    ("threads", threads::run),
+    ("profile", profile::run),
+    ("peer", peer::run),
 ];
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -104,6 +111,15 @@ pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Some(old) = &args.compare {
         print_comparison(&results.figures, old)?;
+    }
+    let missed = missed_targets(&results.figures);
+    if args.check && !missed.is_empty() {
+        return Err(format!(
+            "{} figure(s) missed their target: {}",
+            missed.len(),
+            missed.join("; ")
+        )
+        .into());
     }
     Ok(())
 }

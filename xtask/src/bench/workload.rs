@@ -11,10 +11,15 @@ pub const BATCH: usize = 32;
 
 /// ResNet-18, base width 8, CIFAR stem: the `resnet_ddp` example's default model.
 pub fn model(device: &Device) -> ResNet {
+    model_of_width(device, 8)
+}
+
+/// ResNet-18 with the CIFAR stem and base width `width`.
+pub fn model_of_width(device: &Device, width: usize) -> ResNet {
     init_module(device, 42, || {
         ResNetConfig::resnet18(10)
             .with_stem(StemKind::Cifar)
-            .with_base_width(8)
+            .with_base_width(width)
             .init(device)
     })
 }

@@ -161,9 +161,15 @@ impl InProcessCommunicator {
         Ok(())
     }
 
-    /// Reduces `buffer` over all ranks in place: its chunks move into the group's slots (no
-    /// copy), rank `c` reduces chunk `c` of every slot and writes the result back to all of
-    /// them, and the chunks move back out.
+    /// Reduces `buffer` over all ranks in place without staging copies.
+    ///
+    /// Its chunks move into this rank's slot (no copy); rank `c` reduces chunk `c` of every
+    /// slot into every rank's output chunk `c`; once all ranks are done, each takes its output
+    /// chunks as its buffer's chunks (again no copy), and its inputs stay behind as the spare
+    /// allocation the next reduction writes into.
+    ///
+    /// On an error the caller gets its buffer back as it was, values included: inputs are
+    /// never written, and the outputs are taken only after every rank has finished reducing.
     pub fn all_reduce_buffer(
         &self,
         buffer: &mut ReduceBuffer,
@@ -180,51 +186,78 @@ impl InProcessCommunicator {
                 ),
             ));
         }
-        let swap = |buffer: &mut ReduceBuffer| {
-            for (chunk, cell) in buffer.chunks.iter_mut().zip(&self.shared.slots[self.rank]) {
-                std::mem::swap(chunk, &mut lock(cell));
-            }
-        };
         if n == 1 {
             buffer
                 .chunks_mut()
                 .for_each(|(_, chunk)| op.finish(chunk, 1));
             return Ok(());
         }
-        swap(buffer);
-        self.sync(OP)?;
-        {
-            let mut cells: Vec<_> = self
-                .shared
-                .slots
-                .iter()
-                .map(|slot| lock(&slot[self.rank]))
-                .collect();
-            let (first, rest) = cells.split_at_mut(1);
-            let acc = &mut first[0];
-            for (peer, values) in rest.iter().enumerate() {
-                if values.len() != acc.len() {
-                    drop(cells);
-                    swap(buffer);
-                    return Err(self.fail(
-                        OP,
-                        format!(
-                            "buffer lengths differ between ranks (rank 0 and rank {})",
-                            peer + 1
-                        ),
-                    ));
-                }
-                op.combine(acc, values);
-            }
-            op.finish(acc, n);
-            for values in rest.iter_mut() {
-                values.copy_from_slice(acc);
+        let slot = &self.shared.slots[self.rank];
+        let output = &self.shared.outputs[self.rank];
+        for (chunk, cell) in buffer.chunks.iter_mut().zip(slot) {
+            std::mem::swap(chunk, &mut lock(cell));
+        }
+        let reduced = self
+            .sync(OP)
+            .and_then(|()| self.reduce_column(OP, op))
+            .and_then(|()| self.sync(OP));
+        for ((chunk, input), output) in buffer.chunks.iter_mut().zip(slot).zip(output) {
+            // Take the inputs back (the slot gets the spare the buffer held) and, once every
+            // rank has reduced, trade them for the outputs: the inputs become the allocation
+            // the next reduction writes into.
+            std::mem::swap(chunk, &mut lock(input));
+            if reduced.is_ok() {
+                std::mem::swap(chunk, &mut lock(output));
             }
         }
-        self.sync(OP)?;
-        // No closing rendezvous: the next collective touches other ranks' slots only after its
-        // own first rendezvous, which this rank reaches after swapping its chunks out.
-        swap(buffer);
+        // No closing rendezvous: the next collective touches other ranks' slots and outputs
+        // only after its own first rendezvous, which this rank reaches after this exchange.
+        reduced
+    }
+
+    /// Rank `c`'s share of `all_reduce_buffer`: chunk `c` of every rank's input, reduced into
+    /// chunk `c` of every rank's output.
+    fn reduce_column(&self, name: &'static str, op: ReduceOp) -> Result<(), CommError> {
+        let column = self.rank;
+        let inputs: Vec<_> = self
+            .shared
+            .slots
+            .iter()
+            .map(|slot| lock(&slot[column]))
+            .collect();
+        let len = inputs[0].len();
+        if let Some(peer) = inputs.iter().position(|values| values.len() != len) {
+            let peer_len = inputs[peer].len();
+            drop(inputs);
+            // A rank that failed first takes its inputs back, which can show up here as a
+            // length mismatch: report its failure rather than this symptom.
+            self.shared.rendezvous.check(name, self.rank)?;
+            return Err(self.fail(
+                name,
+                format!(
+                    "buffer lengths differ between ranks (chunk {column}: rank 0 has {len}, \
+                     rank {peer} has {peer_len})"
+                ),
+            ));
+        }
+        let mut outputs: Vec<_> = self
+            .shared
+            .outputs
+            .iter()
+            .map(|output| lock(&output[column]))
+            .collect();
+        let (first, rest) = outputs.split_at_mut(1);
+        let acc = &mut first[0];
+        // At least two ranks: `n == 1` never gets here.
+        op.combine_into(acc, &inputs[0], &inputs[1]);
+        for values in &inputs[2..] {
+            op.combine(acc, values);
+        }
+        op.finish(acc, self.world_size());
+        for output in rest {
+            output.clear();
+            output.extend_from_slice(acc);
+        }
         Ok(())
     }
 

@@ -23,6 +23,9 @@ pub struct Shared {
     pub slots: Vec<Slot>,
     /// `reduced[c]`: the reduced chunk `c`, written by rank `c`.
     pub reduced: Vec<Mutex<Vec<f32>>>,
+    /// `outputs[r]`: rank `r`'s reduced chunks in `all_reduce_buffer`, kept apart from its
+    /// inputs until every rank has finished, so that a failure leaves every input intact.
+    pub outputs: Vec<Slot>,
 }
 
 /// Builds the N communicators of one in-process group.
@@ -69,6 +72,7 @@ impl InProcessGroup {
             rendezvous: Rendezvous::new(n),
             slots: (0..n).map(|_| chunked()).collect(),
             reduced: chunked(),
+            outputs: (0..n).map(|_| chunked()).collect(),
         });
         // A channel per ordered (source, destination) pair for send/recv.
         let mut senders: Vec<Vec<Option<Sender<Vec<f32>>>>> = vec![vec![None; n]; n];

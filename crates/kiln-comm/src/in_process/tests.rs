@@ -220,10 +220,10 @@ fn a_panicking_rank_fails_every_other_rank_promptly() {
 
 #[test]
 fn a_missing_rank_times_out_instead_of_hanging() {
-    let mut comms = InProcessGroup::new(3)
-        .timeout(Duration::from_millis(300))
-        .build();
+    let timeout = Duration::from_millis(300);
+    let mut comms = InProcessGroup::new(3).timeout(timeout).build();
     let absent = comms.pop().unwrap(); // rank 2 never calls anything (but stays alive)
+    let start = Instant::now();
     let handles: Vec<_> = comms
         .into_iter()
         .map(|comm| thread::spawn(move || comm.barrier()))
@@ -232,21 +232,40 @@ fn a_missing_rank_times_out_instead_of_hanging() {
         .into_iter()
         .map(|h| h.join().unwrap().unwrap_err())
         .collect();
-    // One rank times out; it poisons the group, so the other fails at once as well.
+    let elapsed = start.elapsed();
+    // Exactly one rank times out, after the full timeout; it poisons the group, so the other
+    // fails with `PeerLost` naming it rather than waiting out a timeout of its own.
+    let timed_out: Vec<_> = errors
+        .iter()
+        .filter_map(|e| match e {
+            CommError::Timeout {
+                op: "barrier",
+                rank,
+                waited,
+            } => Some((*rank, *waited)),
+            _ => None,
+        })
+        .collect();
     assert!(
-        errors
-            .iter()
-            .any(|e| matches!(e, CommError::Timeout { op: "barrier", .. })),
+        matches!(timed_out[..], [(_, waited)] if waited >= timeout),
+        "{errors:?}"
+    );
+    let culprit = timed_out[0].0;
+    assert!(
+        errors.iter().any(|e| matches!(e,
+            CommError::PeerLost { op: "barrier", peer, .. } if *peer == culprit)),
         "{errors:?}"
     );
     assert!(
-        errors
-            .iter()
-            .all(|e| matches!(e, CommError::Timeout { .. } | CommError::PeerLost { .. }))
+        elapsed >= timeout && elapsed < timeout + Duration::from_secs(5),
+        "the wait must be bounded by the timeout: took {elapsed:?}"
     );
     let mut buf = [0.0f32; 1];
     assert!(
-        absent.recv(&mut buf, 0).is_err(),
+        matches!(
+            absent.recv(&mut buf, 0),
+            Err(CommError::PeerLost { op: "recv", rank: 2, peer, .. }) if peer == culprit
+        ),
         "the absent rank sees the group is gone too"
     );
 }
@@ -324,4 +343,98 @@ fn a_buffer_laid_out_for_another_world_size_is_rejected() {
         )),
         "{results:?}"
     );
+}
+
+/// The caller's buffer after a failed `all_reduce_buffer` holds its own values, in its own
+/// layout, whether a peer never joined (a timeout) or aborted the group.
+#[test]
+fn a_failed_buffer_all_reduce_hands_back_the_callers_own_values() {
+    use crate::ReduceBuffer;
+    const LEN: usize = 1009;
+    for abort in [false, true] {
+        let comms = InProcessGroup::new(2)
+            .timeout(Duration::from_millis(200))
+            .build();
+        // A first reduction succeeds, so the failed one starts where a training loop would:
+        // with the group holding spare allocations left by earlier reductions.
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                thread::spawn(move || {
+                    let mut buffer = ReduceBuffer::new(LEN, 2);
+                    buffer.copy_from(&input(comm.rank(), LEN));
+                    comm.all_reduce_buffer(&mut buffer, ReduceOp::Sum).unwrap();
+                    assert_eq!(buffer.to_vec(), reference(2, LEN, ReduceOp::Sum));
+                    comm
+                })
+            })
+            .collect();
+        let mut comms: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let peer = comms.pop().unwrap(); // rank 1: stays alive, never joins the next one
+        let comm = comms.pop().unwrap();
+        if abort {
+            peer.abort("planted abort");
+        }
+
+        let original = input(7, LEN);
+        let mut buffer = ReduceBuffer::new(LEN, 2);
+        buffer.copy_from(&original);
+        let start = Instant::now();
+        let err = comm
+            .all_reduce_buffer(&mut buffer, ReduceOp::Sum)
+            .unwrap_err();
+        if abort {
+            let planted = |reason: &str| reason == "planted abort";
+            assert!(
+                matches!(&err, CommError::PeerLost { peer: 1, reason, .. } if planted(reason)),
+                "{err:?}"
+            );
+        } else {
+            assert!(
+                matches!(
+                    err,
+                    CommError::Timeout {
+                        op: "all_reduce_buffer",
+                        rank: 0,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "{err:?}");
+        assert_eq!(buffer.to_vec(), original, "abort {abort}: {err:?}");
+        for (range, chunk) in buffer.chunks() {
+            assert_eq!(chunk.len(), range.len());
+        }
+        drop(peer);
+    }
+}
+
+/// With lengths that differ between ranks, some ranks' chunks still match and get reduced
+/// before the mismatch is found: every rank must still get back exactly its own values.
+#[test]
+fn mismatched_buffer_lengths_leave_every_buffer_intact() {
+    use crate::ReduceBuffer;
+    for world in 2..=4 {
+        // With 4 and 5 elements over 2 ranks, chunk 0 has two elements on both: rank 0
+        // reduces it, only rank 1 sees a mismatch.
+        let results = run(world, |comm| {
+            let len = 4 + comm.rank();
+            let mut buffer = ReduceBuffer::new(len, comm.world_size());
+            buffer.copy_from(&input(comm.rank(), len));
+            let result = comm.all_reduce_buffer(&mut buffer, ReduceOp::Sum);
+            (result, buffer.to_vec())
+        });
+        for (rank, (result, values)) in results.into_iter().enumerate() {
+            assert!(
+                matches!(
+                    result,
+                    Err(CommError::InvalidArgument { .. } | CommError::PeerLost { .. })
+                ),
+                "world {world}, rank {rank}: {result:?}"
+            );
+            assert_eq!(values, input(rank, 4 + rank), "world {world}, rank {rank}");
+        }
+    }
 }

@@ -1,0 +1,173 @@
+"""PyTorch peer of kiln's training benchmark: the same step in the framework users know.
+
+ResNet-18 with the CIFAR stem (3x3 conv, stride 1, no max-pool) and a base width, SGD with
+momentum 0.9, synthetic CIFAR-shaped batches of 32 per replica, DistributedDataParallel over
+gloo for several replicas. Each rank computes with `--threads` threads (torch.set_num_threads),
+as kiln's replicas do with their own pools. Prints one JSON line:
+{"images_per_sec": <all replicas>, "median_step_s": ..., "torch": <version>}.
+
+Run: python3 resnet_peer.py --width 16 --replicas 2 --threads 1
+Needs `pip install torch` (CPU is enough); `cargo xtask bench --only peer` runs it.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+# The CPU wheel may come without NumPy, which this script does not use.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+
+def make_model(torch, width, classes=10):
+    nn = torch.nn
+
+    class Basic(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            skip = x if self.down is None else self.down(x)
+            return torch.relu(out + skip)
+
+    layers = [
+        nn.Conv2d(3, width, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+    ]
+    cin = width
+    for stage, blocks in enumerate([2, 2, 2, 2]):
+        cout = width * 2**stage
+        for b in range(blocks):
+            layers.append(Basic(cin, cout, 2 if (stage > 0 and b == 0) else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+def train(rank, args, port, results):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(42)
+    model = make_model(torch, args.width)
+    if args.replicas > 1:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=args.replicas,
+        )
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    generator = torch.Generator().manual_seed(rank)
+    images = torch.randn(args.batch, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, 10, (args.batch,), generator=generator)
+    times = []
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+    if args.replicas > 1:
+        dist.destroy_process_group()
+    if rank == 0:
+        results.put(statistics.median(times))
+
+
+def profile(args):
+    """torch.profiler's operator table of one training step (after warm-up steps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(42)
+    model = make_model(torch, args.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    images = torch.randn(args.batch, 3, 32, 32)
+    labels = torch.randint(0, 10, (args.batch,))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+
+    for _ in range(args.warmup):
+        step()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            step()
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} steps")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print torch.profiler's table of one step (one process) instead of timing",
+    )
+    args = parser.parse_args()
+    if args.profile:
+        return profile(args)
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError:
+        print(json.dumps({"error": "torch is not installed (pip install torch)"}))
+        return 3
+    port = 29500 + os.getpid() % 1000
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    workers = [
+        context.Process(target=train, args=(rank, args, port, results))
+        for rank in range(args.replicas)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if any(worker.exitcode != 0 for worker in workers) or results.empty():
+        print(json.dumps({"error": "a PyTorch rank failed"}))
+        return 1
+    step = results.get()
+    print(
+        json.dumps(
+            {
+                "images_per_sec": args.replicas * args.batch / step,
+                "median_step_s": step,
+                "torch": torch.__version__,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

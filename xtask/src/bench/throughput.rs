@@ -1,0 +1,73 @@
+//! Training throughput of kiln's data-parallel step for a model width, replica count and
+//! threads per replica: what the thread-scaling and PyTorch-peer benchmarks measure.
+
+use std::sync::Arc;
+
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln::data::DataLoader;
+use kiln::ddp::{DataParallel, DdpConfig};
+use kiln::train::{LrSchedule, Trainer};
+
+use super::workload::{BATCH, data, median_step_seconds, model_of_width, replica_devices};
+use crate::measure::Stats;
+
+/// One configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    pub width: usize,
+    pub replicas: usize,
+    pub threads: usize,
+}
+
+/// Images/s over all replicas (rank 0's median step time) and its step-time spread.
+pub fn images_per_sec(
+    devices: &[Device],
+    setting: Setting,
+    warmup: usize,
+    measured: usize,
+) -> Result<(f64, Stats), Box<dyn std::error::Error>> {
+    let Setting {
+        width,
+        replicas,
+        threads,
+    } = setting;
+    let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
+    let config = DdpConfig {
+        threads_per_replica: Some(threads),
+        ..DdpConfig::default()
+    };
+    let results = DataParallel::new(replica_devices(devices, replicas))
+        .config(config)
+        .run(|replica| {
+            let device = replica.train_device();
+            let model = replica.broadcast_module(model_of_width(&device, width))?;
+            let loader = DataLoader::builder(Arc::clone(&source))
+                .batch_size(BATCH)
+                .num_workers(1)
+                .shard(replica.rank(), replica.world_size())
+                .device(device)
+                .build();
+            let optimizer = SgdConfig::new()
+                .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+                .init();
+            let (_, report) = Trainer::builder(model, optimizer)
+                .gradient_step(replica.overlapped_step())
+                .schedule(LrSchedule::constant(0.05))
+                .train_loader(loader)
+                .max_steps(warmup + measured)
+                .progress(false)
+                .log_epochs(false)
+                .build()?
+                .fit()?;
+            Ok(median_step_seconds(&report, warmup))
+        })?;
+    let step = results.into_iter().next().expect("rank 0");
+    Ok(((replicas * BATCH) as f64 / step.median, step))
+}
+
+/// The machine's cores.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
