@@ -6,6 +6,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::module::{batch_norm, batch_norm_train};
 use burn::tensor::{Device, FloatDType, Tensor};
+use kiln_core::conv::conv2d;
 
 use crate::BlockKind;
 
@@ -86,7 +87,7 @@ impl Downsample {
     }
 
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        norm(&self.bn, self.conv.forward(x))
+        norm(&self.bn, conv2d(&self.conv, x))
     }
 }
 
@@ -136,8 +137,8 @@ impl BasicBlock {
 
     /// Applies the block.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(norm(&self.bn1, self.conv1.forward(x.clone())));
-        let out = norm(&self.bn2, self.conv2.forward(out));
+        let out = relu(norm(&self.bn1, conv2d(&self.conv1, x.clone())));
+        let out = norm(&self.bn2, conv2d(&self.conv2, out));
         relu(out + skip(&self.downsample, x))
     }
 }
@@ -178,9 +179,9 @@ impl Bottleneck {
 
     /// Applies the block.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(norm(&self.bn1, self.conv1.forward(x.clone())));
-        let out = relu(norm(&self.bn2, self.conv2.forward(out)));
-        let out = norm(&self.bn3, self.conv3.forward(out));
+        let out = relu(norm(&self.bn1, conv2d(&self.conv1, x.clone())));
+        let out = relu(norm(&self.bn2, conv2d(&self.conv2, out)));
+        let out = norm(&self.bn3, conv2d(&self.conv3, out));
         relu(out + skip(&self.downsample, x))
     }
 }

@@ -6,6 +6,7 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
+use kiln_core::conv::conv2d;
 
 use crate::StemKind;
 use crate::block::conv_initializer;
@@ -51,7 +52,7 @@ impl Stem {
 
     /// `[batch, in_channels, h, w]` → `[batch, width, h', w']`.
     pub fn forward(&self, input: Tensor<4>) -> Tensor<4> {
-        let x = relu(crate::block::norm(&self.bn, self.conv.forward(input)));
+        let x = relu(crate::block::norm(&self.bn, conv2d(&self.conv, input)));
         match &self.pool {
             Some(pool) => pool.forward(x),
             None => x,

@@ -3,6 +3,8 @@
 //! whole step, and a GEMM of the same size as each forward (what an im2col formulation on the
 //! same kernels would cost at best).
 
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::Conv2dConfig;
 use burn::tensor::module::{conv_transpose2d, conv2d, conv2d_weight_backward};
 use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
 use burn::tensor::{Device, Distribution, Tensor};
@@ -109,6 +111,37 @@ fn time_shape(device: &Device, shape: ConvShape, reps: usize) -> [f64; 4] {
     ]
 }
 
+/// Seconds of one training forward + backward of `shape`'s convolution (input and weight
+/// gradients) with Burn's `Conv2d::forward` and with kiln's im2col convolution.
+fn time_training(device: &Device, shape: ConvShape, reps: usize) -> [f64; 2] {
+    let [cin, cout] = shape.channels;
+    let (k, s, p) = (shape.kernel, shape.stride, shape.padding());
+    let conv = kiln::core::init_module(device, 7, || {
+        Conv2dConfig::new([cin, cout], [k, k])
+            .with_stride([s, s])
+            .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+            .with_bias(false)
+            .init(device)
+    });
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<4>::random([BATCH, cin, shape.input[0], shape.input[1]], normal, device)
+        .require_grad();
+    let out = shape.output();
+    let upstream = Tensor::<4>::random([BATCH, cout, out, out], normal, device);
+    let step = |kiln: bool| {
+        let y = if kiln {
+            kiln::core::conv::conv2d(&conv, x.clone())
+        } else {
+            conv.forward(x.clone())
+        };
+        let _ = (y * upstream.clone()).sum().backward();
+    };
+    [
+        time(1, reps, || step(false)).median,
+        time(1, reps, || step(true)).median,
+    ]
+}
+
 pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     let mut out = Output::default();
     let devices = devices(&args.devices)?;
@@ -130,14 +163,23 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         .num_threads(threads)
         .build()?;
     let mut totals = [0.0; 4];
-    let mut rows = Vec::new();
+    let mut training = [0.0; 2];
     for shape in resnet18_convs(width) {
         let times = pool.install(|| time_shape(&device, shape, reps));
         let gflops = |t: f64| shape.flops(BATCH) / t / 1e9;
         for (total, t) in totals.iter_mut().zip(times) {
             *total += t * shape.count as f64;
         }
-        rows.push((shape, times));
+        let [burn_conv, kiln_conv] =
+            pool.install(|| time_training(&device.clone().autodiff(), shape, reps));
+        training[0] += burn_conv * shape.count as f64;
+        training[1] += kiln_conv * shape.count as f64;
+        out.figures.push(Figure::new(
+            NAME,
+            format!("{}: kiln im2col / Burn conv (fwd+bwd)", shape.label()),
+            kiln_conv / burn_conv,
+            "ratio",
+        ));
         out.figures.push(Figure::new(
             NAME,
             format!("{}: fwd GFLOP/s", shape.label()),
@@ -185,6 +227,12 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         format!("w{width} step ({threads} threads)"),
         step * 1e3,
         "ms",
+    ));
+    out.figures.push(Figure::new(
+        NAME,
+        format!("w{width} all convolutions, fwd+bwd: kiln im2col / Burn conv"),
+        training[1] / training[0],
+        "ratio",
     ));
     out.figures.push(Figure::new(
         NAME,
