@@ -552,3 +552,98 @@ fn measure_throughput(
     }
     Ok(images as f64 / timed.max(1e-9))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Args, refuse_conflicts};
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("resnet_ddp").chain(extra.iter().copied()))
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_when_parsing() {
+        for bad in [
+            ["--batch-size", "0"],
+            ["--accumulation", "0"],
+            ["--prefetch", "0"],
+            ["--width", "0"],
+            ["--local-sgd", "0"],
+            ["--steps", "0"],
+            ["--epochs", "0"],
+            ["--bucket-kb", "0"],
+            ["--threads", "0"],
+            ["--amp", "fp8"],
+            ["--compression", "int8"],
+            ["--gradient-path", "disk"],
+            ["--comm", "tcp"],
+        ] {
+            let error = parse(&bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(
+                error.to_string().contains(bad[0]),
+                "{bad:?}: the message names the option: {error}"
+            );
+        }
+        assert!(parse(&["--threads", "2", "--local-sgd", "3"]).is_ok());
+    }
+
+    #[test]
+    fn options_that_would_be_ignored_are_refused_with_the_reason() {
+        let refused = |extra: &[&str], names: &[&str]| {
+            let args = parse(extra).expect("parses");
+            let message = refuse_conflicts(&args).expect_err("refused");
+            for name in names {
+                assert!(message.contains(name), "{extra:?}: {message}");
+            }
+        };
+        refused(&["--amp", "bf16", "--zero1"], &["--amp", "--zero1"]);
+        refused(
+            &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
+            &["--local-sgd", "--bucket-kb"],
+        );
+        refused(
+            &["--amp", "bf16", "--compression", "f16"],
+            &["--compression"],
+        );
+        refused(
+            &["--amp", "bf16", "--gradient-path", "host"],
+            &["--gradient-path"],
+        );
+        refused(
+            &["--amp", "bf16", "--no-overlap", "--check-every", "3"],
+            &["--no-overlap", "--check-every"],
+        );
+        refused(&["--amp", "bf16", "--sync-bn"], &["--sync-bn"]);
+        refused(
+            &["--local-sgd", "2", "--zero1"],
+            &["--local-sgd", "--zero1"],
+        );
+        refused(
+            &["--local-sgd", "2", "--sync-bn"],
+            &["--local-sgd", "--sync-bn"],
+        );
+        refused(&["--balance", "--comm", "mpi"], &["--balance"]);
+        for fine in [
+            &["--amp", "bf16"][..],
+            &["--zero1", "--compression", "bf16", "--bucket-kb", "64"],
+            &["--local-sgd", "4", "--accumulation", "2"],
+            &[
+                "--sync-bn",
+                "--gradient-path",
+                "device",
+                "--check-every",
+                "2",
+            ],
+        ] {
+            let args = parse(fine).expect("parses");
+            assert!(
+                refuse_conflicts(&args).is_ok(),
+                "{fine:?} is a valid combination"
+            );
+        }
+    }
+}

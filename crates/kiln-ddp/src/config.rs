@@ -145,3 +145,110 @@ impl Default for DdpConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_conflict_is_refused_and_names_its_options() {
+        let base = DdpConfig::default;
+        let local_sgd = SyncMode::LocalSgd { period: 2 };
+        let refused = [
+            (
+                DdpConfig {
+                    bucket_cap_bytes: 0,
+                    ..base()
+                },
+                "bucket_cap_bytes",
+            ),
+            (
+                DdpConfig {
+                    mode: SyncMode::LocalSgd { period: 0 },
+                    ..base()
+                },
+                "period",
+            ),
+            (
+                DdpConfig {
+                    timeout: std::time::Duration::ZERO,
+                    ..base()
+                },
+                "timeout",
+            ),
+            (
+                DdpConfig {
+                    threads_per_replica: Some(0),
+                    ..base()
+                },
+                "threads_per_replica",
+            ),
+            (
+                DdpConfig {
+                    zero1: true,
+                    mode: local_sgd,
+                    ..base()
+                },
+                "zero1",
+            ),
+            (
+                DdpConfig {
+                    zero1: true,
+                    gradient_path: GradientPath::Device,
+                    ..base()
+                },
+                "GradientPath::Device",
+            ),
+            (
+                DdpConfig {
+                    compression: Compression::Bf16,
+                    mode: SyncMode::Unsynchronized,
+                    ..base()
+                },
+                "compression",
+            ),
+            (
+                DdpConfig {
+                    divergence_check_every: 3,
+                    mode: local_sgd,
+                    ..base()
+                },
+                "divergence_check_every",
+            ),
+        ];
+        for (config, names) in refused {
+            let message = config.validate().expect_err("refused").to_string();
+            assert!(message.contains(names), "{config:?}: {message}");
+        }
+        let accepted = [
+            base(),
+            DdpConfig {
+                zero1: true,
+                compression: Compression::F16,
+                divergence_check_every: 5,
+                threads_per_replica: Some(3),
+                ..base()
+            },
+            DdpConfig {
+                mode: local_sgd,
+                sync_batch_norm: true,
+                ..base()
+            },
+        ];
+        for config in accepted {
+            assert!(config.validate().is_ok(), "{config:?}");
+        }
+    }
+
+    #[test]
+    fn a_run_with_a_conflicting_configuration_fails_before_training() {
+        let result = crate::DataParallel::new(vec![burn::tensor::Device::flex()])
+            .config(DdpConfig {
+                zero1: true,
+                mode: SyncMode::Unsynchronized,
+                ..DdpConfig::default()
+            })
+            .run(|_| -> Result<(), kiln_train::TrainError> { panic!("training must not start") });
+        assert!(matches!(result, Err(DdpError::Config(_))), "{result:?}");
+    }
+}

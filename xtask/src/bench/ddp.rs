@@ -1,15 +1,10 @@
 //! Data-parallel step time with and without gradient sync; throughput against replicas.
 
-use std::sync::Arc;
-
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln::data::DataLoader;
-use kiln::ddp::{DataParallel, DdpConfig, GradientPath, SyncMode, SyncStats};
-use kiln::train::{LrSchedule, Trainer};
+use kiln::ddp::{DdpConfig, GradientPath, SyncMode, SyncStats};
 
-use super::workload::{BATCH, data, devices, median_step_seconds, model, replica_devices, steps};
+use super::throughput::train_replicas;
+use super::workload::{BATCH, devices, steps};
 use super::{Output, Plot};
 use crate::BenchArgs;
 use crate::measure::Stats;
@@ -18,8 +13,8 @@ use crate::svg::Series;
 
 const NAME: &str = "ddp";
 
-/// Trains `replicas` replicas for warm-up + measured steps; returns rank 0's step-time stats
-/// and sync statistics.
+/// Trains `replicas` replicas of the example's model (width 8) for warm-up + measured steps;
+/// returns rank 0's step-time stats and sync statistics.
 fn train(
     devices: &[Device],
     replicas: usize,
@@ -27,38 +22,7 @@ fn train(
     quick: bool,
 ) -> Result<(Stats, SyncStats), Box<dyn std::error::Error>> {
     let (warmup, measured) = steps(quick);
-    let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
-    let results = DataParallel::new(replica_devices(devices, replicas))
-        .config(config)
-        .run(|replica| {
-            let device = replica.train_device();
-            let model = replica.broadcast_module(model(&device))?;
-            let loader = DataLoader::builder(Arc::clone(&source))
-                .batch_size(BATCH)
-                .num_workers(1)
-                .shard(replica.rank(), replica.world_size())
-                .device(device)
-                .build();
-            let step = replica.overlapped_step();
-            let stats = step.stats();
-            let (_, report) = Trainer::builder(
-                model,
-                SgdConfig::new()
-                    .with_momentum(Some(MomentumConfig::new()))
-                    .init(),
-            )
-            .gradient_step(step)
-            .schedule(LrSchedule::constant(0.05))
-            .train_loader(loader)
-            .max_steps(warmup + measured)
-            .progress(false)
-            .log_epochs(false)
-            .build()?
-            .fit()?;
-            let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
-            Ok((median_step_seconds(&report, warmup), stats))
-        })?;
-    Ok(results.into_iter().next().expect("rank 0"))
+    train_replicas(devices, replicas, 8, config, warmup, measured)
 }
 
 pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {

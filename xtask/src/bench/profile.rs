@@ -180,30 +180,14 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
             kiln_conv / burn_conv,
             "ratio",
         ));
-        out.figures.push(Figure::new(
-            NAME,
-            format!("{}: fwd GFLOP/s", shape.label()),
-            gflops(times[0]),
-            "GFLOP/s",
-        ));
-        out.figures.push(Figure::new(
-            NAME,
-            format!("{}: dX GFLOP/s", shape.label()),
-            gflops(times[1]),
-            "GFLOP/s",
-        ));
-        out.figures.push(Figure::new(
-            NAME,
-            format!("{}: dW GFLOP/s", shape.label()),
-            gflops(times[2]),
-            "GFLOP/s",
-        ));
-        out.figures.push(Figure::new(
-            NAME,
-            format!("{}: same-size gemm GFLOP/s", shape.label()),
-            gflops(times[3]),
-            "GFLOP/s",
-        ));
+        for (part, seconds) in ["fwd", "dX", "dW", "same-size gemm"].iter().zip(times) {
+            out.figures.push(Figure::new(
+                NAME,
+                format!("{}: {part} GFLOP/s", shape.label()),
+                gflops(seconds),
+                "GFLOP/s",
+            ));
+        }
     }
     let convs = totals[0] + totals[1] + totals[2];
     for (part, seconds) in [

@@ -7,7 +7,7 @@ use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln::data::DataLoader;
-use kiln::ddp::{DataParallel, DdpConfig};
+use kiln::ddp::{DataParallel, DdpConfig, SyncStats};
 use kiln::train::{LrSchedule, Trainer};
 
 use super::workload::{BATCH, data, median_step_seconds, model_of_width, replica_devices};
@@ -28,16 +28,33 @@ pub fn images_per_sec(
     warmup: usize,
     measured: usize,
 ) -> Result<(f64, Stats), Box<dyn std::error::Error>> {
-    let Setting {
-        width,
-        replicas,
-        threads,
-    } = setting;
-    let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
     let config = DdpConfig {
-        threads_per_replica: Some(threads),
+        threads_per_replica: Some(setting.threads),
         ..DdpConfig::default()
     };
+    let (step, _) = train_replicas(
+        devices,
+        setting.replicas,
+        setting.width,
+        config,
+        warmup,
+        measured,
+    )?;
+    Ok(((setting.replicas * BATCH) as f64 / step.median, step))
+}
+
+/// Trains `replicas` overlapped data-parallel replicas of ResNet-18 (CIFAR stem, base width
+/// `width`) with SGD momentum for warm-up + measured steps; rank 0's step-time statistics and
+/// synchronisation statistics.
+pub fn train_replicas(
+    devices: &[Device],
+    replicas: usize,
+    width: usize,
+    config: DdpConfig,
+    warmup: usize,
+    measured: usize,
+) -> Result<(Stats, SyncStats), Box<dyn std::error::Error>> {
+    let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
     let results = DataParallel::new(replica_devices(devices, replicas))
         .config(config)
         .run(|replica| {
@@ -52,8 +69,10 @@ pub fn images_per_sec(
             let optimizer = SgdConfig::new()
                 .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
                 .init();
+            let step = replica.overlapped_step();
+            let stats = step.stats();
             let (_, report) = Trainer::builder(model, optimizer)
-                .gradient_step(replica.overlapped_step())
+                .gradient_step(step)
                 .schedule(LrSchedule::constant(0.05))
                 .train_loader(loader)
                 .max_steps(warmup + measured)
@@ -61,10 +80,10 @@ pub fn images_per_sec(
                 .log_epochs(false)
                 .build()?
                 .fit()?;
-            Ok(median_step_seconds(&report, warmup))
+            let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
+            Ok((median_step_seconds(&report, warmup), stats))
         })?;
-    let step = results.into_iter().next().expect("rank 0");
-    Ok(((replicas * BATCH) as f64 / step.median, step))
+    Ok(results.into_iter().next().expect("rank 0"))
 }
 
 /// The machine's cores.
