@@ -24,8 +24,12 @@ use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 use kiln::train::{GradientStep, LrSchedule, TrainError, TrainReport, Trainer};
 
 /// Counts that must be at least one (batch sizes, periods, widths, ...).
-fn positive() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(1..)
+fn positive() -> impl clap::builder::TypedValueParser<Value = usize> {
+    |text: &str| match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(count) => Ok(count),
+        Err(err) => Err(format!("not a count: {err}")),
+    }
 }
 
 /// Gradient element type on the wire.
