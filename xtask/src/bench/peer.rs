@@ -2,7 +2,8 @@
 //!
 //! The PyTorch side is `xtask/peer/resnet_peer.py` (DistributedDataParallel over gloo, one
 //! process per replica, `torch.set_num_threads` per rank). It runs when `python3` can
-//! `import torch`; otherwise the benchmark says so and reports nothing (never a failure).
+//! `import torch`; otherwise, or when a PyTorch run fails, the benchmark says so and reports
+//! nothing for it (never a failure).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -98,7 +99,14 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     let (warmup, measured) = steps(args.quick);
     for setting in settings(args.quick) {
         let (kiln, stats) = images_per_sec(&devices, setting, warmup, measured)?;
-        let torch = peer_images_per_sec(setting, warmup, measured)?;
+        // The peer is optional: a failed PyTorch run is reported, never a failed bench.
+        let torch = match peer_images_per_sec(setting, warmup, measured) {
+            Ok(torch) => torch,
+            Err(err) => {
+                println!("peer: skipped {setting:?}: {err}");
+                continue;
+            }
+        };
         let label = format!(
             "w{} {} replica(s) x {} thread(s)",
             setting.width, setting.replicas, setting.threads
