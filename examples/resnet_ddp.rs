@@ -494,7 +494,7 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         transport = Some(step.transport());
         (Box::new(step), Some(stats), None)
     } else {
-        let step = AmpStep::new(precision).data_parallel(replica.comm_handle());
+        let step = AmpStep::new(precision).data_parallel(replica.comm());
         let stats = step.stats();
         (Box::new(step), None, Some(stats))
     };

@@ -41,7 +41,7 @@ fn two_bf16_replicas_learn_and_stay_identical() {
                     .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
                     .init(),
             )
-            .gradient_step(AmpStep::new(Precision::Bf16).data_parallel(replica.comm_handle()))
+            .gradient_step(AmpStep::new(Precision::Bf16).data_parallel(replica.comm()))
             .schedule(LrSchedule::constant(0.05).warmup(3))
             .train_loader(loader)
             .epochs(3)

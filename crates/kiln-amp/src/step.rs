@@ -98,7 +98,7 @@ impl AmpStep {
     }
 
     /// All-reduces gradients through `comm` (one replica of a data-parallel run; see
-    /// [`Replica::comm_handle`](kiln_ddp::Replica::comm_handle)).
+    /// [`Replica::comm`](kiln_ddp::Replica::comm)).
     pub fn data_parallel(mut self, comm: Arc<CommWorker>) -> Self {
         self.comm = Some(comm);
         self

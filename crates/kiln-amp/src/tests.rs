@@ -206,7 +206,7 @@ fn amp_with_two_replicas_equals_amp_with_one_on_the_doubled_batch() {
                         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
                         .init(),
                 )
-                .gradient_step(AmpStep::new(Precision::Bf16).data_parallel(replica.comm_handle()))
+                .gradient_step(AmpStep::new(Precision::Bf16).data_parallel(replica.comm()))
                 .schedule(LrSchedule::constant(0.05))
                 .train_loader(loader)
                 .max_steps(steps)
@@ -262,7 +262,7 @@ fn an_overflow_on_one_replica_skips_the_step_on_every_replica() {
                     init_scale: scale,
                     ..GradScalerConfig::default()
                 }))
-                .data_parallel(replica.comm_handle());
+                .data_parallel(replica.comm());
             let stats = step.stats();
             let loader = DataLoader::builder(data())
                 .batch_size(8)

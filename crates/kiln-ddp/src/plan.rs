@@ -69,11 +69,6 @@ impl BucketPlan {
         let filled = self.group_ends[group];
         self.buckets.iter().take_while(|b| b.end <= filled).count()
     }
-
-    /// Number of backward groups.
-    pub fn num_groups(&self) -> usize {
-        self.group_ends.len()
-    }
 }
 
 #[cfg(test)]

@@ -254,11 +254,6 @@ impl Replica {
         self.device.clone().autodiff()
     }
 
-    /// The replica's communication thread, for custom collectives.
-    pub fn comm(&self) -> &CommWorker {
-        &self.comm
-    }
-
     /// Splits `global_batch` over the replicas in proportion to each one's measured
     /// throughput (pass this replica's samples/s, e.g. from a few probe steps): fast devices
     /// get larger batches, so no replica waits for a slow one. Use the result's batch for
@@ -276,9 +271,9 @@ impl Replica {
         )?)
     }
 
-    /// A shared handle on the communication thread, for steps that keep it (e.g.
-    /// `kiln_amp::AmpStep::data_parallel`).
-    pub fn comm_handle(&self) -> Arc<CommWorker> {
+    /// A shared handle on the replica's communication thread, for custom collectives and
+    /// for steps that keep it (e.g. `kiln_amp::AmpStep::data_parallel`).
+    pub fn comm(&self) -> Arc<CommWorker> {
         Arc::clone(&self.comm)
     }
 
@@ -309,12 +304,6 @@ impl Replica {
             self.device.clone(),
             transport,
         )
-    }
-
-    /// Whether this replica's gradient buckets are reduced by Burn's native collective
-    /// (NCCL) under [`GradientPath::Device`](crate::GradientPath) or `Auto`.
-    pub fn has_native_collective(&self) -> bool {
-        self.device_group.is_some()
     }
 
     /// A step that all-reduces gradients after backward (any model).

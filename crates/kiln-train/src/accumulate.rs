@@ -17,13 +17,7 @@ pub struct Accumulator {
 impl Accumulator {
     /// An empty accumulator for `model`'s trainable parameters.
     pub fn new<M: ImageClassifier>(model: &M) -> Self {
-        Self::with_layout(FlatLayout::new(
-            param_infos(model).into_iter().filter(|p| p.trainable),
-        ))
-    }
-
-    /// An empty accumulator over `layout`.
-    pub fn with_layout(layout: FlatLayout) -> Self {
+        let layout = FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable));
         let flat = vec![0.0; layout.len()];
         Self {
             layout,
@@ -43,17 +37,7 @@ impl Accumulator {
             scale: samples as f32,
             accumulate: true,
         });
-        self.record(loss, correct, samples);
-    }
-
-    /// Records a micro-batch's metrics whose gradients were written to [`sums_mut`](Self::sums_mut).
-    pub fn record(&mut self, loss: f32, correct: usize, samples: usize) {
         self.metrics.record(loss, correct, samples);
-    }
-
-    /// The layout and the sample-weighted gradient sums, e.g. to reduce across replicas.
-    pub fn sums_mut(&mut self) -> (&FlatLayout, &mut Vec<f32>) {
-        (&self.layout, &mut self.flat)
     }
 
     /// Samples added so far.
