@@ -486,7 +486,7 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     let mut transport = None;
     let (step, sync, amp): (Box<dyn GradientStep<ResNet>>, _, _) = if precision == Precision::F32 {
         let step = if args.no_overlap {
-            replica.gradient_step()
+            replica.non_overlapped_step()
         } else {
             replica.overlapped_step()
         };

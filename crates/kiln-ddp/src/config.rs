@@ -50,9 +50,12 @@ pub enum GradientPath {
 /// Options of data-parallel training.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DdpConfig {
-    /// Upper bound on a gradient bucket's size in bytes (default 25 MiB, like PyTorch).
+    /// Cap on a gradient bucket's size in bytes of f32 gradients (default 25 MiB, like
+    /// PyTorch): a bucket closes before the parameter that would take it past the cap, and a
+    /// parameter larger than the cap travels in a bucket of its own.
     pub bucket_cap_bytes: usize,
-    /// Cap of the first bucket, which closes early so communication starts sooner (1 MiB).
+    /// Cap of the first bucket, which closes early so communication starts sooner (1 MiB;
+    /// same rule as `bucket_cap_bytes`).
     pub first_bucket_bytes: usize,
     /// Element type on the wire.
     pub compression: Compression,
@@ -72,7 +75,7 @@ pub struct DdpConfig {
     /// layer each way). Other layers and evaluation are unaffected. Backward replays the
     /// forward of a layer's segment up to once per synchronised layer (see
     /// `kiln_core::sync_norm` and `Segmented::only_input_forks`), so use it with [`Replica::overlapped_step`](crate::Replica::overlapped_step): with
-    /// [`Replica::gradient_step`](crate::Replica::gradient_step) the whole model is one
+    /// [`Replica::non_overlapped_step`](crate::Replica::non_overlapped_step) the whole model is one
     /// segment and is replayed once per layer.
     pub sync_batch_norm: bool,
     /// Threads of each replica's own compute pool (Burn's CPU kernels run in it). `None`: the

@@ -33,23 +33,23 @@
 
 mod balance;
 mod config;
+mod consensus;
 mod error;
 mod grads;
 mod pass;
 mod plan;
 mod runtime;
 mod step;
-mod sync;
 mod threads;
 mod zero;
 
 pub use balance::BatchSplit;
 pub use config::{Compression, DdpConfig, GradientPath, SyncMode};
+pub use consensus::average_buffers;
 pub use error::DdpError;
 pub use plan::BucketPlan;
 pub use runtime::{DataParallel, Replica};
 pub use step::{DdpStep, SyncStats};
-pub use sync::average_buffers;
 pub use threads::default_threads_per_replica;
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ pub struct BucketPlan {
 
 impl BucketPlan {
     /// Plans buckets over `groups` (each a segment's trainable parameters, in backward
-    /// order), with the first bucket capped at `first_cap` bytes and the others at `cap`.
+    /// order), with the first bucket capped at `first_cap` bytes and the others at `cap` (f32
+    /// gradients; a parameter larger than its cap gets a bucket of its own).
     pub fn new(groups: Vec<Vec<ParamInfo>>, first_cap: usize, cap: usize) -> Self {
         let mut group_ends = Vec::with_capacity(groups.len());
         let mut ordered = Vec::new();
@@ -36,11 +37,13 @@ impl BucketPlan {
         let mut buckets = Vec::new();
         let mut start = 0;
         for entry in layout.entries() {
+            // A real cap: the bucket closes before the parameter that would take it past the
+            // cap; a parameter larger than the cap travels alone.
             let stop = entry.offset + entry.info.numel();
             let limit = if buckets.is_empty() { first_cap } else { cap };
-            if (stop - start) * 4 >= limit.max(4) {
-                buckets.push(start..stop);
-                start = stop;
+            if entry.offset > start && (stop - start) * 4 > limit {
+                buckets.push(start..entry.offset);
+                start = entry.offset;
             }
         }
         if start < layout.len() || buckets.is_empty() {
@@ -93,11 +96,22 @@ mod tests {
             vec![info(300)],
             vec![info(5), info(5), info(5)],
         ];
+        // Caps: 40 bytes (10 floats) for the first bucket, 100 bytes (25 floats) after it.
         let plan = BucketPlan::new(groups, 40, 100);
-        assert_eq!(plan.buckets(), &[0..10, 10..320, 320..335]);
-        assert_eq!(plan.ready_after_group(0), 1);
-        assert_eq!(plan.ready_after_group(1), 2);
-        assert_eq!(plan.ready_after_group(2), 3);
+        assert_eq!(plan.buckets(), &[0..10, 10..20, 20..320, 320..335]);
+        // Every bucket keeps to its cap, except one holding a single larger parameter.
+        for (index, bucket) in plan.buckets().iter().enumerate() {
+            let cap = if index == 0 { 10 } else { 25 };
+            let single = plan
+                .layout()
+                .entries()
+                .iter()
+                .any(|e| e.offset == bucket.start && e.offset + e.info.numel() == bucket.end);
+            assert!(bucket.len() <= cap || single, "bucket {index}: {bucket:?}");
+        }
+        assert_eq!(plan.ready_after_group(0), 2);
+        assert_eq!(plan.ready_after_group(1), 3);
+        assert_eq!(plan.ready_after_group(2), 4);
         // Reverse order inside a group: the last declared parameter comes first.
         let first = &plan.layout().entries()[0];
         assert_eq!((first.offset, first.info.numel()), (0, 10));

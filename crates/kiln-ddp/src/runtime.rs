@@ -8,9 +8,9 @@ use kiln_comm::{CommError, CommWorker, DeviceGroup, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented};
 use kiln_train::TrainError;
 
+use crate::consensus::{Selection, broadcast, check_divergence};
 use crate::pass::{Passes, full_pass, segment_groups, segmented_pass, whole_model_groups};
 use crate::step::Transport;
-use crate::sync::{Selection, broadcast, check_divergence};
 use crate::threads::{replica_pool, resolve_threads};
 use crate::{DdpConfig, DdpError, DdpStep};
 
@@ -307,7 +307,7 @@ impl Replica {
     }
 
     /// A step that all-reduces gradients after backward (any model).
-    pub fn gradient_step<M: ImageClassifier>(&self) -> DdpStep<M> {
+    pub fn non_overlapped_step<M: ImageClassifier>(&self) -> DdpStep<M> {
         self.step(Passes {
             pass: full_pass::<M>,
             groups: whole_model_groups::<M>,

@@ -17,10 +17,10 @@ use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepMetrics, StepOutput, TrainError};
 
+use crate::consensus::{Selection, average, check_divergence};
 use crate::grads::{GradStore, grads_from_buckets};
 use crate::pass::{OnGroup, Passes};
 use crate::plan::BucketPlan;
-use crate::sync::{Selection, average, check_divergence};
 use crate::zero::ZeroPlan;
 use crate::{Compression, DdpConfig, GradientPath, SyncMode};
 
@@ -108,7 +108,7 @@ impl Transport {
 /// update is therefore exactly the mean over all samples of all replicas, whatever each
 /// replica's batch size.
 ///
-/// Create it with [`Replica::gradient_step`](crate::Replica::gradient_step) or
+/// Create it with [`Replica::non_overlapped_step`](crate::Replica::non_overlapped_step) or
 /// [`Replica::overlapped_step`](crate::Replica::overlapped_step).
 pub struct DdpStep<M> {
     comm: Arc<CommWorker>,

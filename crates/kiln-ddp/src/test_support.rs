@@ -361,7 +361,7 @@ where
                     .0
             } else {
                 builder
-                    .gradient_step(replica.gradient_step())
+                    .gradient_step(replica.non_overlapped_step())
                     .build()?
                     .fit()?
                     .0
