@@ -49,30 +49,7 @@ pub(crate) fn split_batch(
 /// moves single samples from the largest part to any empty one, if `total` allows.
 fn proportional(total: usize, weights: &[f64]) -> Vec<usize> {
     let n = weights.len();
-    let sum: f64 = weights
-        .iter()
-        .map(|w| w.max(0.0))
-        .sum::<f64>()
-        .max(f64::MIN_POSITIVE);
-    let exact: Vec<f64> = weights
-        .iter()
-        .map(|w| total as f64 * w.max(0.0) / sum)
-        .collect();
-    let mut parts: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| {
-        (exact[b] - exact[b].floor())
-            .total_cmp(&(exact[a] - exact[a].floor()))
-            .then(a.cmp(&b))
-    });
-    let mut left = total - parts.iter().sum::<usize>();
-    for &i in &order {
-        if left == 0 {
-            break;
-        }
-        parts[i] += 1;
-        left -= 1;
-    }
+    let mut parts = kiln_data::proportional_split(total, weights);
     if total >= n {
         while let Some(empty) = parts.iter().position(|&p| p == 0) {
             let largest = (0..n)

@@ -46,6 +46,6 @@ pub use batch::{ImageBatch, ImageItem};
 pub use datasets::{Cifar10, Mnist, SyntheticImages};
 pub use error::DataError;
 pub use loader::{DataLoader, DataLoaderBuilder, EpochIter};
-pub use sampler::DistributedSampler;
+pub use sampler::{DistributedSampler, proportional_split};
 pub use source::{BurnDataset, ImageSource};
 pub use transform::Transform;

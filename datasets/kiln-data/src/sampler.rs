@@ -128,10 +128,19 @@ impl DistributedSampler {
     }
 }
 
-/// Splits `len` into parts proportional to `weights` (largest remainder, ties to lower ranks).
-fn proportional_split(len: usize, weights: &[f64]) -> Vec<usize> {
-    let total: f64 = weights.iter().sum();
-    let exact: Vec<f64> = weights.iter().map(|w| len as f64 * w / total).collect();
+/// Splits `len` into parts proportional to `weights` (largest remainder, ties to lower
+/// ranks): the parts sum to `len` and each differs from its exact share by less than one.
+/// Negative weights count as zero; all-zero weights give everything to the remainders' order.
+pub fn proportional_split(len: usize, weights: &[f64]) -> Vec<usize> {
+    let total: f64 = weights
+        .iter()
+        .map(|w| w.max(0.0))
+        .sum::<f64>()
+        .max(f64::MIN_POSITIVE);
+    let exact: Vec<f64> = weights
+        .iter()
+        .map(|w| len as f64 * w.max(0.0) / total)
+        .collect();
     let mut shares: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
     let mut left = len - shares.iter().sum::<usize>();
     let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
