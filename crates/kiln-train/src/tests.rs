@@ -75,6 +75,40 @@ fn a_loader_on_a_plain_device_is_rejected_with_a_clear_error() {
     assert!(matches!(result, Err(TrainError::Config(msg)) if msg.contains("autodiff")));
 }
 
+#[test]
+fn zero_epochs_steps_or_micro_batches_are_refused_with_the_option_named() {
+    let device = Device::flex().autodiff();
+    let builder = || {
+        let model = kiln_core::init_module(&device, 1, || {
+            ResNetConfig::resnet18(2)
+                .with_stem(StemKind::Cifar)
+                .with_base_width(2)
+                .init(&device)
+        });
+        Trainer::builder(model, SgdConfig::new().init()).train_loader(
+            DataLoader::builder(SyntheticImages::new(8, 2, 1, [3, 4, 4]))
+                .batch_size(2)
+                .device(device.clone())
+                .build(),
+        )
+    };
+    for (result, option) in [
+        (builder().epochs(0).build().map(|_| ()), "epochs"),
+        (builder().max_steps(0).build().map(|_| ()), "max_steps"),
+        (
+            builder().accumulation_steps(0).build().map(|_| ()),
+            "accumulation_steps",
+        ),
+    ] {
+        assert!(
+            matches!(&result, Err(TrainError::Config(msg)) if msg.contains(option)),
+            "{option}: {:?}",
+            result.err()
+        );
+    }
+    assert!(builder().epochs(1).accumulation_steps(2).build().is_ok());
+}
+
 /// Each trainable tensor's values, by path.
 fn trainable<M: burn::module::Module>(model: &M) -> Vec<(String, Vec<f32>)> {
     let infos = param_infos(model);

@@ -18,18 +18,23 @@ enum Budget {
     Steps(usize),
 }
 
+/// What a builder sets and the trainer keeps, besides the model, optimizer, step and data.
+struct Settings {
+    schedule: LrSchedule,
+    budget: Budget,
+    accumulation: usize,
+    valid: Option<DataLoader>,
+    progress: bool,
+    log_epochs: bool,
+}
+
 /// Configures a [`Trainer`]; see the crate docs for an example.
 pub struct TrainerBuilder<M, S = LocalStep> {
     model: M,
     optimizer: ModuleOptimizer,
     step: S,
-    schedule: LrSchedule,
-    budget: Budget,
-    accumulation: usize,
     train: Option<DataLoader>,
-    valid: Option<DataLoader>,
-    progress: bool,
-    log_epochs: bool,
+    settings: Settings,
 }
 
 impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
@@ -38,13 +43,15 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
             model,
             optimizer,
             step: LocalStep,
-            schedule: LrSchedule::constant(0.01),
-            budget: Budget::Epochs(1),
-            accumulation: 1,
             train: None,
-            valid: None,
-            progress: true,
-            log_epochs: true,
+            settings: Settings {
+                schedule: LrSchedule::constant(0.01),
+                budget: Budget::Epochs(1),
+                accumulation: 1,
+                valid: None,
+                progress: true,
+                log_epochs: true,
+            },
         }
     }
 }
@@ -56,38 +63,33 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             model: self.model,
             optimizer: self.optimizer,
             step,
-            schedule: self.schedule,
-            budget: self.budget,
-            accumulation: self.accumulation,
             train: self.train,
-            valid: self.valid,
-            progress: self.progress,
-            log_epochs: self.log_epochs,
+            settings: self.settings,
         }
     }
 
     /// The learning-rate schedule (default: constant 0.01).
     pub fn schedule(mut self, schedule: LrSchedule) -> Self {
-        self.schedule = schedule;
+        self.settings.schedule = schedule;
         self
     }
 
     /// Trains for `epochs` full epochs (the default is one).
     pub fn epochs(mut self, epochs: usize) -> Self {
-        self.budget = Budget::Epochs(epochs);
+        self.settings.budget = Budget::Epochs(epochs);
         self
     }
 
     /// Trains for exactly `steps` steps, across as many epochs as that takes.
     pub fn max_steps(mut self, steps: usize) -> Self {
-        self.budget = Budget::Steps(steps);
+        self.settings.budget = Budget::Steps(steps);
         self
     }
 
     /// Accumulates gradients over `micro_batches` loader batches per optimizer step
     /// (default 1). Data-parallel steps synchronise once per optimizer step.
     pub fn accumulation_steps(mut self, micro_batches: usize) -> Self {
-        self.accumulation = micro_batches.max(1);
+        self.settings.accumulation = micro_batches;
         self
     }
 
@@ -99,19 +101,19 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
 
     /// Validation data, evaluated after every epoch on the model's inference device.
     pub fn valid_loader(mut self, loader: DataLoader) -> Self {
-        self.valid = Some(loader);
+        self.settings.valid = Some(loader);
         self
     }
 
     /// Shows the live progress bar (default: on).
     pub fn progress(mut self, progress: bool) -> Self {
-        self.progress = progress;
+        self.settings.progress = progress;
         self
     }
 
     /// Prints a summary line per epoch and at the end (default: on).
     pub fn log_epochs(mut self, log: bool) -> Self {
-        self.log_epochs = log;
+        self.settings.log_epochs = log;
         self
     }
 
@@ -123,14 +125,29 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
         if !train.device().is_autodiff() {
             return Err(TrainError::Config("the training loader must build batches on an autodiff device (`Device::autodiff()`)".into()));
         }
-        if train.num_batches() < self.accumulation.max(1) {
+        let settings = self.settings;
+        match settings.budget {
+            Budget::Epochs(0) => {
+                return Err(TrainError::Config("epochs must be at least 1".into()));
+            }
+            Budget::Steps(0) => {
+                return Err(TrainError::Config("max_steps must be at least 1".into()));
+            }
+            _ => {}
+        }
+        if settings.accumulation == 0 {
+            return Err(TrainError::Config(
+                "accumulation_steps must be at least 1 micro-batch".into(),
+            ));
+        }
+        if train.num_batches() < settings.accumulation {
             return Err(TrainError::Config(format!(
                 "the training loader yields {} batches per epoch, fewer than one step's {} micro-batches",
                 train.num_batches(),
-                self.accumulation
+                settings.accumulation
             )));
         }
-        if let Some(valid) = &self.valid
+        if let Some(valid) = &settings.valid
             && valid.device().is_autodiff()
         {
             return Err(TrainError::Config("the validation loader must build batches on an inference device (without autodiff)".into()));
@@ -139,13 +156,8 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             model: self.model,
             optimizer: self.optimizer,
             step: self.step,
-            schedule: self.schedule,
-            budget: self.budget,
-            accumulation: self.accumulation,
             train,
-            valid: self.valid,
-            progress: self.progress,
-            log_epochs: self.log_epochs,
+            settings,
         })
     }
 }
@@ -155,13 +167,8 @@ pub struct Trainer<M, S = LocalStep> {
     model: M,
     optimizer: ModuleOptimizer,
     step: S,
-    schedule: LrSchedule,
-    budget: Budget,
-    accumulation: usize,
     train: DataLoader,
-    valid: Option<DataLoader>,
-    progress: bool,
-    log_epochs: bool,
+    settings: Settings,
 }
 
 impl<M: ImageClassifier> Trainer<M, LocalStep> {
@@ -174,8 +181,8 @@ impl<M: ImageClassifier> Trainer<M, LocalStep> {
 impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
     /// Runs training and returns the trained model and what was recorded.
     pub fn fit(mut self) -> Result<(M, TrainReport), TrainError> {
-        let per_epoch = self.train.num_batches() / self.accumulation;
-        let (epochs, total_steps) = match self.budget {
+        let per_epoch = self.train.num_batches() / self.settings.accumulation;
+        let (epochs, total_steps) = match self.settings.budget {
             Budget::Epochs(epochs) => (epochs, epochs * per_epoch),
             Budget::Steps(steps) => (steps.div_ceil(per_epoch), steps),
         };
@@ -184,7 +191,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
         let mut global_step = 0;
         for epoch in 0..epochs {
             let steps_this_epoch = per_epoch.min(total_steps - global_step);
-            let bar = epoch_bar(self.progress, epoch, steps_this_epoch);
+            let bar = epoch_bar(self.settings.progress, epoch, steps_this_epoch);
             let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
             let wait_before = self.train.time_waited();
             let first_step = global_step;
@@ -194,12 +201,12 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 let step_start = Instant::now();
                 let micro = batches
                     .by_ref()
-                    .take(self.accumulation)
+                    .take(self.settings.accumulation)
                     .collect::<Result<Vec<_>, _>>()?;
-                if micro.len() < self.accumulation {
+                if micro.len() < self.settings.accumulation {
                     break;
                 }
-                let lr = self.schedule.lr(global_step);
+                let lr = self.settings.schedule.lr(global_step);
                 let out = self.step.gradients(&model, micro, global_step)?;
                 if !out.loss.is_finite() {
                     return Err(TrainError::NonFiniteLoss {
@@ -247,17 +254,17 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 data_wait: self.train.time_waited() - wait_before,
             };
             model = self.step.before_eval(model)?;
-            if let Some(valid) = &mut self.valid {
+            if let Some(valid) = &mut self.settings.valid {
                 let evaluation = evaluate(&model.valid(), valid)?;
                 summary.valid_loss = Some(evaluation.loss);
                 summary.valid_accuracy = Some(evaluation.accuracy);
             }
-            if self.log_epochs {
+            if self.settings.log_epochs {
                 println!("{summary}");
             }
             report.epochs.push(summary);
         }
-        if self.log_epochs {
+        if self.settings.log_epochs {
             let images: usize = report
                 .epochs
                 .iter()
