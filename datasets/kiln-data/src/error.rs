@@ -5,6 +5,9 @@ use std::path::PathBuf;
 /// Why data could not be read or a batch could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
+    /// The loader was configured with values it cannot use.
+    #[error("invalid data loader configuration: {0}")]
+    Config(String),
     /// A file could not be opened or read.
     #[error("{path}: {source}")]
     Io {

@@ -6,7 +6,7 @@ use burn::tensor::Device;
 
 use super::collate::BatchRecipe;
 use super::epoch::DataLoader;
-use crate::{DistributedSampler, ImageSource, Transform};
+use crate::{DataError, DistributedSampler, ImageSource, Transform};
 
 /// Builds a [`DataLoader`]; see the crate docs for an example.
 pub struct DataLoaderBuilder {
@@ -102,10 +102,35 @@ impl DataLoaderBuilder {
         self
     }
 
+    /// Starts the workers, or says which setting is unusable.
+    ///
+    /// # Errors
+    ///
+    /// [`DataError::Config`] if `batch_size` or `prefetch` is zero or the shard's rank is
+    /// outside its world.
+    pub fn try_build(self) -> Result<DataLoader, DataError> {
+        let (rank, world) = self.shard;
+        if self.batch_size == 0 {
+            return Err(DataError::Config("batch_size must be at least 1".into()));
+        }
+        if self.prefetch == 0 {
+            return Err(DataError::Config(
+                "prefetch must be at least 1 batch".into(),
+            ));
+        }
+        if rank >= world {
+            return Err(DataError::Config(format!(
+                "shard rank {rank} is outside a world of {world}"
+            )));
+        }
+        Ok(self.build())
+    }
+
     /// Starts the workers.
     ///
     /// # Panics
-    /// If `batch_size` or `prefetch` is zero, or the shard is invalid.
+    /// If `batch_size` or `prefetch` is zero, or the shard is invalid; [`try_build`](Self::try_build)
+    /// returns those as errors.
     pub fn build(self) -> DataLoader {
         assert!(self.batch_size > 0, "batch_size must be positive");
         assert!(self.prefetch > 0, "prefetch must be positive");

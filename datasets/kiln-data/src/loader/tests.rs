@@ -262,3 +262,22 @@ fn a_stuck_worker_is_a_timeout_error_not_a_hang() {
         start.elapsed()
     );
 }
+
+#[test]
+fn unusable_settings_are_errors_from_try_build() {
+    let data = || SyntheticImages::new(8, 2, 1, [1, 2, 2]);
+    for (builder, what) in [
+        (DataLoader::builder(data()).batch_size(0), "batch_size"),
+        (DataLoader::builder(data()).prefetch(0), "prefetch"),
+        (DataLoader::builder(data()).shard(2, 2), "rank 2"),
+    ] {
+        let message = builder.try_build().err().expect("refused").to_string();
+        assert!(message.contains(what), "{what}: {message}");
+    }
+    assert!(
+        DataLoader::builder(data())
+            .batch_size(3)
+            .try_build()
+            .is_ok()
+    );
+}
