@@ -1,4 +1,5 @@
-//! Where a replica's gradients wait for their all-reduce: a host buffer or the device.
+//! Where a replica's gradients wait for their all-reduce (a host buffer or the device), and
+//! what reduces them ([`Transport`]).
 //!
 //! [`GradStore::Host`] copies every parameter's gradient into one flat `f32` buffer (what
 //! the host communicators reduce; cheapest on CPU, where "device" memory is host memory).
@@ -10,7 +11,12 @@ use std::ops::Range;
 
 use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
+use std::sync::Arc;
+
 use burn::tensor::{Device, Gradients, Tensor};
+use kiln_comm::{CommWorker, DeviceGroup};
+
+use crate::GradientPath;
 use kiln_core::{FlatLayout, GradWriter};
 
 /// A replica's accumulated gradients, in the order of a [`FlatLayout`].
@@ -182,4 +188,46 @@ pub(crate) fn grads_from_buckets<M: burn::module::Module>(
     };
     module.visit(&mut reader);
     reader.out
+}
+
+/// What reduces a replica's gradient buckets (see [`GradientPath`]).
+pub(crate) enum Transport {
+    /// A host buffer, reduced by the communicator.
+    Host,
+    /// Device buckets, reduced by Burn's native collective or staged through the host
+    /// (the same step code either way).
+    Device(DeviceGroup),
+}
+
+impl Transport {
+    /// The transport `path` asks for on `device`; `native` is Burn's collective over this
+    /// process's replicas, when it has one for their devices.
+    pub(crate) fn choose(
+        path: GradientPath,
+        device: &Device,
+        native: Option<DeviceGroup>,
+        comm: &Arc<CommWorker>,
+    ) -> Self {
+        let on_device = match path {
+            GradientPath::Host => false,
+            GradientPath::Device => true,
+            GradientPath::Auto => *device != Device::flex(),
+        };
+        match (on_device, native) {
+            (false, _) => Transport::Host,
+            (true, Some(group)) => Transport::Device(group),
+            (true, None) => {
+                Transport::Device(DeviceGroup::through_host(Arc::clone(comm), device.clone()))
+            }
+        }
+    }
+
+    /// Its name, for reports.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Transport::Host => "host buffer",
+            Transport::Device(group) if group.is_native() => "device buckets, native all-reduce",
+            Transport::Device(_) => "device buckets staged through the host",
+        }
+    }
 }

@@ -39,6 +39,7 @@ mod grads;
 mod pass;
 mod plan;
 mod runtime;
+mod stats;
 mod step;
 mod threads;
 mod zero;
@@ -49,7 +50,8 @@ pub use consensus::average_buffers;
 pub use error::DdpError;
 pub use plan::BucketPlan;
 pub use runtime::{DataParallel, Replica};
-pub use step::{DdpStep, SyncStats};
+pub use stats::SyncStats;
+pub use step::DdpStep;
 pub use threads::default_threads_per_replica;
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use kiln_core::{ImageClassifier, Segmented};
 use kiln_train::TrainError;
 
 use crate::consensus::{Selection, broadcast, check_divergence};
+use crate::grads::Transport;
 use crate::pass::{Passes, full_pass, segment_groups, segmented_pass, whole_model_groups};
-use crate::step::Transport;
 use crate::threads::{replica_pool, resolve_threads};
 use crate::{DdpConfig, DdpError, DdpStep};
 

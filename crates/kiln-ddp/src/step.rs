@@ -10,95 +10,20 @@ use std::rc::Rc;
 use burn::tensor::{Device, FloatDType, Tensor};
 use half::{bf16, f16};
 use kiln_comm::{
-    CommElement, CommError, CommWorker, Communicator, DeviceGroup, Pending, PendingTensor,
-    ReduceBuffer, ReduceOp,
+    CommElement, CommError, CommWorker, Communicator, Pending, PendingTensor, ReduceBuffer,
+    ReduceOp,
 };
 use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
 use kiln_data::ImageBatch;
 use kiln_train::{GradientStep, StepMetrics, StepOutput, TrainError};
 
 use crate::consensus::{Selection, average, check_divergence};
-use crate::grads::{GradStore, grads_from_buckets};
+use crate::grads::{GradStore, Transport, grads_from_buckets};
 use crate::pass::{OnGroup, Passes};
 use crate::plan::BucketPlan;
+use crate::stats::SyncStats;
 use crate::zero::ZeroPlan;
-use crate::{Compression, DdpConfig, GradientPath, SyncMode};
-
-/// How much of the gradient communication the step hid behind backward.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SyncStats {
-    /// Optimizer steps measured.
-    pub steps: usize,
-    /// Time spent computing forward and backward.
-    pub compute: Duration,
-    /// Time the communication thread spent all-reducing gradients.
-    pub communication: Duration,
-    /// Time the step waited for communication after its backward had finished.
-    pub exposed: Duration,
-    /// Buckets all-reduced.
-    pub buckets: usize,
-    /// Bytes sent into all-reduce (per replica).
-    pub bytes: usize,
-    /// With ZeRO-1: (parameters whose optimizer state this replica keeps, all parameters).
-    pub optimizer_shard: Option<(usize, usize)>,
-}
-
-impl SyncStats {
-    /// Fraction of communication time that overlapped computation (1 = fully hidden).
-    pub fn hidden_fraction(&self) -> f64 {
-        if self.communication.is_zero() {
-            return 1.0;
-        }
-        (1.0 - self.exposed.as_secs_f64() / self.communication.as_secs_f64()).clamp(0.0, 1.0)
-    }
-
-    /// Exposed synchronisation as a fraction of compute time.
-    pub fn overhead(&self) -> f64 {
-        self.exposed.as_secs_f64() / self.compute.as_secs_f64().max(1e-12)
-    }
-}
-
-/// What reduces a replica's gradient buckets (see [`GradientPath`]).
-pub(crate) enum Transport {
-    /// A host buffer, reduced by the communicator.
-    Host,
-    /// Device buckets, reduced by Burn's native collective or staged through the host
-    /// (the same step code either way).
-    Device(DeviceGroup),
-}
-
-impl Transport {
-    /// The transport `path` asks for on `device`; `native` is Burn's collective over this
-    /// process's replicas, when it has one for their devices.
-    pub(crate) fn choose(
-        path: GradientPath,
-        device: &Device,
-        native: Option<DeviceGroup>,
-        comm: &Arc<CommWorker>,
-    ) -> Self {
-        let on_device = match path {
-            GradientPath::Host => false,
-            GradientPath::Device => true,
-            GradientPath::Auto => *device != Device::flex(),
-        };
-        match (on_device, native) {
-            (false, _) => Transport::Host,
-            (true, Some(group)) => Transport::Device(group),
-            (true, None) => {
-                Transport::Device(DeviceGroup::through_host(Arc::clone(comm), device.clone()))
-            }
-        }
-    }
-
-    /// Its name, for reports.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Transport::Host => "host buffer",
-            Transport::Device(group) if group.is_native() => "device buckets, native all-reduce",
-            Transport::Device(_) => "device buckets staged through the host",
-        }
-    }
-}
+use crate::{Compression, DdpConfig, SyncMode};
 
 /// A gradient step that all-reduces bucketed gradients with the other replicas.
 ///

@@ -3,25 +3,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::momentum::MomentumConfig;
-use burn::optim::{GradientsParams, SgdConfig};
+use burn::optim::GradientsParams;
 use burn::tensor::Device;
 use kiln::data::DataLoader;
 use kiln::train::{LrSchedule, Trainer, classification_loss};
 
 use super::Output;
-use super::workload::{BATCH, data, devices, median_step_seconds, model, steps};
+use super::workload::{BATCH, data, devices, median_step_seconds, model, optimizer, steps};
 use crate::BenchArgs;
 use crate::measure::{Stats, stats};
 use crate::report::{Figure, Target};
 
 const NAME: &str = "overhead";
-
-fn optimizer() -> burn::optim::ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .init()
-}
 
 fn kiln_step(device: &Device, quick: bool) -> Result<Stats, Box<dyn std::error::Error>> {
     let (warmup, measured) = steps(quick);

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln::data::DataLoader;
 use kiln::ddp::{DataParallel, DdpConfig, SyncStats};
 use kiln::train::{LrSchedule, Trainer};
 
-use super::workload::{BATCH, data, median_step_seconds, model_of_width, replica_devices};
+use super::workload::{
+    BATCH, data, median_step_seconds, model_of_width, optimizer, replica_devices,
+};
 use crate::measure::Stats;
 
 /// One configuration.
@@ -66,9 +66,7 @@ pub fn train_replicas(
                 .shard(replica.rank(), replica.world_size())
                 .device(device)
                 .build();
-            let optimizer = SgdConfig::new()
-                .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-                .init();
+            let optimizer = optimizer();
             let step = replica.overlapped_step();
             let stats = step.stats();
             let (_, report) = Trainer::builder(model, optimizer)

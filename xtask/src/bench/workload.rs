@@ -59,3 +59,12 @@ pub fn replica_devices(devices: &[Device], replicas: usize) -> Vec<Device> {
         .map(|i| devices[i % devices.len()].clone())
         .collect()
 }
+
+/// SGD with momentum 0.9: the optimizer every training benchmark uses.
+pub fn optimizer() -> burn::optim::ModuleOptimizer {
+    burn::optim::SgdConfig::new()
+        .with_momentum(Some(
+            burn::optim::momentum::MomentumConfig::new().with_momentum(0.9),
+        ))
+        .init()
+}

@@ -102,6 +102,15 @@ impl DataLoaderBuilder {
         self
     }
 
+    /// Starts the workers.
+    ///
+    /// # Panics
+    /// If `batch_size` or `prefetch` is zero, or the shard is invalid; [`try_build`](Self::try_build)
+    /// returns those as errors.
+    pub fn build(self) -> DataLoader {
+        self.try_build().unwrap_or_else(|err| panic!("{err}"))
+    }
+
     /// Starts the workers, or says which setting is unusable.
     ///
     /// # Errors
@@ -123,18 +132,7 @@ impl DataLoaderBuilder {
                 "shard rank {rank} is outside a world of {world}"
             )));
         }
-        Ok(self.build())
-    }
 
-    /// Starts the workers.
-    ///
-    /// # Panics
-    /// If `batch_size` or `prefetch` is zero, or the shard is invalid; [`try_build`](Self::try_build)
-    /// returns those as errors.
-    pub fn build(self) -> DataLoader {
-        assert!(self.batch_size > 0, "batch_size must be positive");
-        assert!(self.prefetch > 0, "prefetch must be positive");
-        let (rank, world) = self.shard;
         let mut sampler =
             DistributedSampler::new(self.source.len(), rank, world).drop_last(self.drop_last);
         if let Some(seed) = self.seed {
@@ -149,7 +147,7 @@ impl DataLoaderBuilder {
             device: self.device,
             seed: self.seed.unwrap_or(0),
         });
-        DataLoader::start(
+        Ok(DataLoader::start(
             recipe,
             sampler,
             self.batch_size,
@@ -157,6 +155,6 @@ impl DataLoaderBuilder {
             self.num_workers,
             self.prefetch,
             self.timeout,
-        )
+        ))
     }
 }

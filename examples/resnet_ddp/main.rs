@@ -15,7 +15,7 @@ use std::sync::Arc;
 use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use kiln::amp::{AmpStats, AmpStep, Precision};
 use kiln::core::{DeviceSpec, fingerprint, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
@@ -23,141 +23,9 @@ use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, Replica, Syn
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 use kiln::train::{GradientStep, LrSchedule, TrainError, TrainReport, Trainer};
 
-/// Counts that must be at least one (batch sizes, periods, widths, ...).
-fn positive() -> impl clap::builder::TypedValueParser<Value = usize> {
-    |text: &str| match text.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".to_string()),
-        Ok(count) => Ok(count),
-        Err(err) => Err(format!("not a count: {err}")),
-    }
-}
+mod args;
 
-/// Gradient element type on the wire.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum CompressionArg {
-    F32,
-    F16,
-    Bf16,
-}
-
-/// Where gradients wait for their all-reduce.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum GradientPathArg {
-    Auto,
-    Host,
-    Device,
-}
-
-/// Compute precision.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum AmpArg {
-    F32,
-    F16,
-    Bf16,
-}
-
-/// How replicas communicate.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum CommArg {
-    Local,
-    Mpi,
-}
-
-/// Train a ResNet with kiln.
-#[derive(Parser, Debug)]
-#[command(version, about)]
-struct Args {
-    /// ResNet depth: 18, 34, 50, 101 or 152.
-    #[arg(long, default_value_t = 18)]
-    model: usize,
-    /// Base width (64 is the paper's ResNet; smaller trains faster).
-    #[arg(long, default_value_t = 8, value_parser = positive())]
-    width: usize,
-    /// Batch size per replica.
-    #[arg(long, default_value_t = 32, value_parser = positive())]
-    batch_size: usize,
-    /// Epochs to train.
-    #[arg(long, default_value_t = 2, value_parser = positive())]
-    epochs: usize,
-    /// Train for exactly this many steps instead of whole epochs.
-    #[arg(long, value_parser = positive())]
-    steps: Option<usize>,
-    /// Peak learning rate (after warm-up; cosine decay to zero).
-    #[arg(long, default_value_t = 0.1)]
-    lr: f64,
-    /// Seed for initialisation, shuffling and augmentation.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Devices, one replica each, comma-separated: cpu, cpu:N, cuda:N, wgpu.
-    #[arg(long, default_value = "cpu:0,cpu:1")]
-    devices: String,
-    /// Micro-batches accumulated per optimizer step (one all-reduce per step).
-    #[arg(long, default_value_t = 1, value_parser = positive())]
-    accumulation: usize,
-    /// Gradient all-reduce element type.
-    #[arg(long, value_enum, default_value_t = CompressionArg::F32)]
-    compression: CompressionArg,
-    /// Local SGD: average parameters every N steps instead of all-reducing gradients.
-    #[arg(long, value_parser = positive())]
-    local_sgd: Option<usize>,
-    /// All-reduce after the whole backward instead of overlapping it segment by segment.
-    #[arg(long)]
-    no_overlap: bool,
-    /// Gradient bucket cap in KiB (the first bucket is capped at a quarter of it). Smaller
-    /// buckets start communicating earlier during backward.
-    #[arg(long, default_value_t = 25 * 1024, value_parser = positive())]
-    bucket_kb: usize,
-    /// Compare parameter fingerprints across replicas every N steps (0 = never); a mismatch
-    /// stops training with an error naming the first differing parameter.
-    #[arg(long, default_value_t = 0)]
-    check_every: usize,
-    /// Size each replica's batch by its measured throughput (a few probe steps), keeping
-    /// --batch-size x replicas as the global batch.
-    #[arg(long)]
-    balance: bool,
-    /// Where gradients wait for their all-reduce: `auto` (host buffer on CPU, device buckets
-    /// on accelerators), `host`, or `device` (Burn's native NCCL all-reduce when every
-    /// replica has its own CUDA device, else one host copy per bucket).
-    #[arg(long, value_enum, default_value_t = GradientPathArg::Auto)]
-    gradient_path: GradientPathArg,
-    /// Synchronised batch norm: normalise with the statistics of every replica's batch
-    /// (exact backward; backward replays each residual block's forward once).
-    #[arg(long)]
-    sync_bn: bool,
-    /// ZeRO-1: shard optimizer state over replicas.
-    #[arg(long)]
-    zero1: bool,
-    /// Compute precision: f32, or mixed precision with f16 (loss-scaled) or bf16 compute and
-    /// f32 master weights. On the CPU backend (Flex) this saves activation memory but not
-    /// time: bf16 matmuls and convolutions compute through f32 and f16 kernels are slower than
-    /// f32's, so a CPU step is slower with --amp (see the README's limitations).
-    #[arg(long, value_enum, default_value_t = AmpArg::F32)]
-    amp: AmpArg,
-    /// How replicas communicate: `local` (threads of this process, one per --devices entry)
-    /// or `mpi` (under mpirun: every process runs one replica per --devices entry; needs
-    /// `--features mpi`).
-    #[arg(long, value_enum, default_value_t = CommArg::Local)]
-    comm: CommArg,
-    /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
-    #[arg(long)]
-    data: Option<std::path::PathBuf>,
-    /// Synthetic training samples (without --data).
-    #[arg(long, default_value_t = 6_400, value_parser = positive())]
-    synthetic_samples: usize,
-    /// Loader worker threads.
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
-    /// Batches each worker prepares ahead.
-    #[arg(long, default_value_t = 2, value_parser = positive())]
-    prefetch: usize,
-    /// Compute threads per replica (each replica runs Burn's CPU kernels in its own pool).
-    /// Default: the machine's cores divided among this process's replicas.
-    #[arg(long, value_parser = positive())]
-    threads: Option<usize>,
-    /// Hide the progress bar.
-    #[arg(long)]
-    quiet: bool,
-}
+use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
 fn main() -> ExitCode {
     match run(Args::parse()) {
@@ -313,8 +181,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(amp) = &outcome.amp {
             line += &format!(
-                " | AMP {:?}: loss scale {}, {} of {} steps skipped",
-                args.amp, amp.scale, amp.skipped, amp.steps
+                " | AMP {}: loss scale {}, {} of {} steps skipped",
+                args.amp.precision(),
+                amp.scale,
+                amp.skipped,
+                amp.steps
             );
         }
         println!("{line}");
@@ -329,56 +200,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             outcomes.len(),
             global_images / slowest_secs.max(1e-9)
         );
-    }
-    Ok(())
-}
-
-/// Refuses option combinations that would otherwise be silently ignored.
-fn refuse_conflicts(args: &Args) -> Result<(), String> {
-    if args.amp != AmpArg::F32 {
-        // The mixed-precision step all-reduces whole gradients itself; these options belong
-        // to the f32 data-parallel step.
-        let ignored = [
-            (args.sync_bn, "--sync-bn"),
-            (args.zero1, "--zero1"),
-            (args.local_sgd.is_some(), "--local-sgd"),
-            (args.compression != CompressionArg::F32, "--compression"),
-            (args.no_overlap, "--no-overlap"),
-            (args.bucket_kb != 25 * 1024, "--bucket-kb"),
-            (
-                args.gradient_path != GradientPathArg::Auto,
-                "--gradient-path",
-            ),
-            (args.check_every != 0, "--check-every"),
-        ];
-        let named: Vec<&str> = ignored
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, n)| *n)
-            .collect();
-        if !named.is_empty() {
-            return Err(format!(
-                "--amp {:?} cannot be combined with {}: mixed precision has its own gradient all-reduce, which does not offer them yet",
-                args.amp,
-                named.join(", ")
-            )
-            .to_lowercase());
-        }
-    }
-    if args.local_sgd.is_some() && args.zero1 {
-        return Err(
-            "--local-sgd and --zero1 conflict: ZeRO-1 shards the optimizer of a synchronous step"
-                .into(),
-        );
-    }
-    if args.local_sgd.is_some() && args.sync_bn {
-        return Err(
-            "--local-sgd and --sync-bn conflict: synchronised batch norm needs replicas in step"
-                .into(),
-        );
-    }
-    if args.balance && args.comm == CommArg::Mpi {
-        return Err("--balance works with --comm local only".into());
     }
     Ok(())
 }
@@ -478,11 +299,7 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init();
-    let precision = match args.amp {
-        AmpArg::F32 => Precision::F32,
-        AmpArg::F16 => Precision::F16,
-        AmpArg::Bf16 => Precision::Bf16,
-    };
+    let precision = args.amp.precision();
     let mut transport = None;
     let (step, sync, amp): (Box<dyn GradientStep<ResNet>>, _, _) = if precision == Precision::F32 {
         let step = if args.no_overlap {
@@ -555,99 +372,4 @@ fn measure_throughput(
         }
     }
     Ok(images as f64 / timed.max(1e-9))
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::{Args, refuse_conflicts};
-
-    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
-        Args::try_parse_from(std::iter::once("resnet_ddp").chain(extra.iter().copied()))
-    }
-
-    #[test]
-    fn out_of_range_values_are_refused_when_parsing() {
-        for bad in [
-            ["--batch-size", "0"],
-            ["--accumulation", "0"],
-            ["--prefetch", "0"],
-            ["--width", "0"],
-            ["--local-sgd", "0"],
-            ["--steps", "0"],
-            ["--epochs", "0"],
-            ["--bucket-kb", "0"],
-            ["--threads", "0"],
-            ["--amp", "fp8"],
-            ["--compression", "int8"],
-            ["--gradient-path", "disk"],
-            ["--comm", "tcp"],
-        ] {
-            let error = parse(&bad)
-                .err()
-                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
-            assert!(
-                error.to_string().contains(bad[0]),
-                "{bad:?}: the message names the option: {error}"
-            );
-        }
-        assert!(parse(&["--threads", "2", "--local-sgd", "3"]).is_ok());
-    }
-
-    #[test]
-    fn options_that_would_be_ignored_are_refused_with_the_reason() {
-        let refused = |extra: &[&str], names: &[&str]| {
-            let args = parse(extra).expect("parses");
-            let message = refuse_conflicts(&args).expect_err("refused");
-            for name in names {
-                assert!(message.contains(name), "{extra:?}: {message}");
-            }
-        };
-        refused(&["--amp", "bf16", "--zero1"], &["--amp", "--zero1"]);
-        refused(
-            &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
-            &["--local-sgd", "--bucket-kb"],
-        );
-        refused(
-            &["--amp", "bf16", "--compression", "f16"],
-            &["--compression"],
-        );
-        refused(
-            &["--amp", "bf16", "--gradient-path", "host"],
-            &["--gradient-path"],
-        );
-        refused(
-            &["--amp", "bf16", "--no-overlap", "--check-every", "3"],
-            &["--no-overlap", "--check-every"],
-        );
-        refused(&["--amp", "bf16", "--sync-bn"], &["--sync-bn"]);
-        refused(
-            &["--local-sgd", "2", "--zero1"],
-            &["--local-sgd", "--zero1"],
-        );
-        refused(
-            &["--local-sgd", "2", "--sync-bn"],
-            &["--local-sgd", "--sync-bn"],
-        );
-        refused(&["--balance", "--comm", "mpi"], &["--balance"]);
-        for fine in [
-            &["--amp", "bf16"][..],
-            &["--zero1", "--compression", "bf16", "--bucket-kb", "64"],
-            &["--local-sgd", "4", "--accumulation", "2"],
-            &[
-                "--sync-bn",
-                "--gradient-path",
-                "device",
-                "--check-every",
-                "2",
-            ],
-        ] {
-            let args = parse(fine).expect("parses");
-            assert!(
-                refuse_conflicts(&args).is_ok(),
-                "{fine:?} is a valid combination"
-            );
-        }
-    }
 }
