@@ -1,4 +1,6 @@
-//! kiln's im2col convolution equals Burn's, forward and both backward halves.
+//! kiln's im2col convolution equals Burn's, forward and both backward halves: to 1e-4 of the
+//! largest value (measured below 1e-5 here; the GEMM and Flex's convolution sum in different
+//! orders, which differ again on other CPUs' kernels).
 
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -104,12 +106,12 @@ fn im2col_convolution_equals_burns_forward_and_backward() {
             ("weight gradient", got.2, want.2),
         ] {
             let error = relative_error(got, want);
-            assert!(error <= 1e-5, "case {index}: {what} differs by {error}");
+            assert!(error <= 1e-4, "case {index}: {what} differs by {error}");
         }
         if let (Some(got), Some(want)) = (got.3, want.3) {
             let error = relative_error(got.reshape([1, 1, 1, cout]), want.reshape([1, 1, 1, cout]));
             assert!(
-                error <= 1e-5,
+                error <= 1e-4,
                 "case {index}: bias gradient differs by {error}"
             );
         }

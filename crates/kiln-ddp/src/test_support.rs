@@ -2,7 +2,7 @@
 //! single-device reference, N-replica runs and the comparison.
 //!
 //! Tolerance, stated once: after several SGD-with-momentum steps, every parameter tensor of
-//! every replica has moved like the single-device reference, to a relative error of 1e-5 in
+//! every replica has moved like the single-device reference, to a relative error of 5e-5 in
 //! f32 and 2e-2 with f16/bf16 compression. The error is taken on the *changes*: per tensor,
 //! max |got − want| over max |want − start|, where `start` is the common initial model. (Taken
 //! relative to the parameters themselves, a wrong update hides inside the tolerance after a
@@ -385,6 +385,13 @@ pub(crate) struct ChangeError {
 /// norm), so its change is noise: it is compared relative to its values instead. (In these
 /// tests, tensors that train move by 1% of their values or more, ResNet-18's included;
 /// rounding moves the others by under 3e-7 of theirs.)
+/// Tolerance on parameter changes for f32 data-parallel runs against one device. Measured
+/// errors here are 4.5e-7 to 4.4e-6; the margin is for other CPUs' kernels and summation
+/// orders, and the control that must fail (a 0.01 % learning-rate error) measures 2.3e-4.
+pub(crate) const EXACT: f32 = 5e-5;
+/// Tolerance with f16/bf16 compression on the wire (measured 1.1e-3 and 7.1e-3).
+pub(crate) const COMPRESSED: f32 = 2e-2;
+
 const STILL: f32 = 1e-4;
 
 /// The worst relative error of the replicas' parameter changes against the reference's,

@@ -12,8 +12,6 @@ use crate::test_support::*;
 use crate::{Compression, DataParallel, DdpConfig, DdpError, GradientPath, SyncMode};
 
 /// The f32 and the compressed tolerance (see `test_support`).
-const EXACT: f32 = 1e-5;
-const COMPRESSED: f32 = 2e-2;
 
 #[test]
 fn replicas_match_single_device_on_the_union_of_their_batches() {
