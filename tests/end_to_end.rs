@@ -7,10 +7,10 @@
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln::amp::{AmpStep, Precision};
+use kiln::amp::{MixedPrecision, Precision};
 use kiln::core::init_module;
 use kiln::data::{DataLoader, SyntheticImages};
-use kiln::ddp::DataParallel;
+use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::resnet::{ResNetConfig, StemKind};
 use kiln::train::{LrSchedule, Trainer};
 
@@ -18,7 +18,12 @@ use kiln::train::{LrSchedule, Trainer};
 fn two_bf16_replicas_learn_and_stay_identical() {
     let data = SyntheticImages::new(384, 4, 11, [3, 8, 8]).with_noise(0.5);
     let valid = data.split(128, 3);
+    let config = DdpConfig {
+        precision: MixedPrecision::new(Precision::Bf16),
+        ..DdpConfig::default()
+    };
     let reports = DataParallel::new(vec![Device::flex(), Device::flex()])
+        .config(config)
         .run(|replica| {
             let device = replica.train_device();
             let model = init_module(&device, 7, || {
@@ -41,7 +46,7 @@ fn two_bf16_replicas_learn_and_stay_identical() {
                     .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
                     .init(),
             )
-            .gradient_step(AmpStep::new(Precision::Bf16).data_parallel(replica.comm()))
+            .gradient_step(replica.overlapped_step())
             .schedule(LrSchedule::constant(0.05).warmup(3))
             .train_loader(loader)
             .epochs(3)

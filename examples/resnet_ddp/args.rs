@@ -13,6 +13,15 @@ fn positive() -> impl clap::builder::TypedValueParser<Value = usize> {
     }
 }
 
+/// A positive, finite gradient norm.
+fn positive_norm(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(norm) if norm.is_finite() && norm > 0.0 => Ok(norm),
+        Ok(norm) => Err(format!("must be positive and finite, not {norm}")),
+        Err(err) => Err(format!("not a number: {err}")),
+    }
+}
+
 /// Gradient element type on the wire.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompressionArg {
@@ -120,11 +129,15 @@ pub struct Args {
     #[arg(long)]
     pub zero1: bool,
     /// Compute precision: f32, or mixed precision with f16 (loss-scaled) or bf16 compute and
-    /// f32 master weights. On the CPU backend (Flex) this saves activation memory but not
+    /// f32 master weights; every data-parallel option works with it. On the CPU backend (Flex) this saves activation memory but not
     /// time: bf16 matmuls and convolutions compute through f32 and f16 kernels are slower than
     /// f32's, so a CPU step is slower with --amp (see the README's limitations).
     #[arg(long, value_enum, default_value_t = AmpArg::F32)]
     pub amp: AmpArg,
+    /// Clip gradients to this global norm (over every parameter, after the all-reduce; over
+    /// all shards with --zero1), like PyTorch's `clip_grad_norm_`.
+    #[arg(long, value_parser = positive_norm)]
+    pub clip_grad_norm: Option<f32>,
     /// How replicas communicate: `local` (threads of this process, one per --devices entry)
     /// or `mpi` (under mpirun: every process runs one replica per --devices entry; needs
     /// `--features mpi`).
@@ -153,35 +166,6 @@ pub struct Args {
 
 /// Refuses option combinations that would otherwise be silently ignored.
 pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
-    if args.amp != AmpArg::F32 {
-        // The mixed-precision step all-reduces whole gradients itself; these options belong
-        // to the f32 data-parallel step.
-        let ignored = [
-            (args.sync_bn, "--sync-bn"),
-            (args.zero1, "--zero1"),
-            (args.local_sgd.is_some(), "--local-sgd"),
-            (args.compression != CompressionArg::F32, "--compression"),
-            (args.no_overlap, "--no-overlap"),
-            (args.bucket_kb != 25 * 1024, "--bucket-kb"),
-            (
-                args.gradient_path != GradientPathArg::Auto,
-                "--gradient-path",
-            ),
-            (args.check_every != 0, "--check-every"),
-        ];
-        let named: Vec<&str> = ignored
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, n)| *n)
-            .collect();
-        if !named.is_empty() {
-            return Err(format!(
-                "--amp {} cannot be combined with {}: mixed precision has its own gradient all-reduce, which does not offer them yet",
-                args.amp.precision(),
-                named.join(", ")
-            ));
-        }
-    }
     if args.local_sgd.is_some() && args.zero1 {
         return Err(
             "--local-sgd and --zero1 conflict: ZeRO-1 shards the optimizer of a synchronous step"
@@ -222,6 +206,9 @@ mod tests {
             ["--epochs", "0"],
             ["--bucket-kb", "0"],
             ["--threads", "0"],
+            ["--clip-grad-norm", "0"],
+            ["--clip-grad-norm", "nan"],
+            ["--clip-grad-norm", "inf"],
             ["--amp", "fp8"],
             ["--compression", "int8"],
             ["--gradient-path", "disk"],
@@ -247,24 +234,6 @@ mod tests {
                 assert!(message.contains(name), "{extra:?}: {message}");
             }
         };
-        refused(&["--amp", "bf16", "--zero1"], &["--amp", "--zero1"]);
-        refused(
-            &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
-            &["--local-sgd", "--bucket-kb"],
-        );
-        refused(
-            &["--amp", "bf16", "--compression", "f16"],
-            &["--compression"],
-        );
-        refused(
-            &["--amp", "bf16", "--gradient-path", "host"],
-            &["--gradient-path"],
-        );
-        refused(
-            &["--amp", "bf16", "--no-overlap", "--check-every", "3"],
-            &["--no-overlap", "--check-every"],
-        );
-        refused(&["--amp", "bf16", "--sync-bn"], &["--sync-bn"]);
         refused(
             &["--local-sgd", "2", "--zero1"],
             &["--local-sgd", "--zero1"],
@@ -276,6 +245,25 @@ mod tests {
         refused(&["--balance", "--comm", "mpi"], &["--balance"]);
         for fine in [
             &["--amp", "bf16"][..],
+            // Mixed precision is a mode of the one data-parallel step: every option works.
+            &["--amp", "bf16", "--zero1", "--clip-grad-norm", "1.5"],
+            &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
+            &[
+                "--amp",
+                "bf16",
+                "--compression",
+                "f16",
+                "--gradient-path",
+                "device",
+            ],
+            &[
+                "--amp",
+                "bf16",
+                "--no-overlap",
+                "--check-every",
+                "3",
+                "--sync-bn",
+            ],
             &["--zero1", "--compression", "bf16", "--bucket-kb", "64"],
             &["--local-sgd", "4", "--accumulation", "2"],
             &[

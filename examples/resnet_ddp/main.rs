@@ -16,12 +16,12 @@ use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
-use kiln::amp::{AmpStats, AmpStep, Precision};
+use kiln::amp::{AmpStats, MixedPrecision, Precision};
 use kiln::core::{DeviceSpec, fingerprint, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
 use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, Replica, SyncMode, SyncStats};
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
-use kiln::train::{GradientStep, LrSchedule, TrainError, TrainReport, Trainer};
+use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
 
 mod args;
 
@@ -50,9 +50,9 @@ struct Setup {
 struct Outcome {
     rank: usize,
     report: TrainReport,
-    sync: Option<SyncStats>,
+    sync: SyncStats,
     /// How gradients travelled (data-parallel f32 steps).
-    transport: Option<&'static str>,
+    transport: &'static str,
     amp: Option<AmpStats>,
     fingerprint: u64,
 }
@@ -118,6 +118,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         gradient_path,
         sync_batch_norm: args.sync_bn,
         threads_per_replica: args.threads,
+        precision: MixedPrecision::new(args.amp.precision()),
+        max_grad_norm: args.clip_grad_norm,
         ..DdpConfig::default()
     };
     let setup = Setup {
@@ -155,15 +157,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             outcome.rank,
             images / secs.max(1e-9)
         );
-        if let Some(stats) = &outcome.sync {
+        {
+            let stats = &outcome.sync;
             line += &format!(
                 " | sync ({}): {:.1} MB/step in {} buckets, exposed {:.1}% of compute",
-                outcome.transport.unwrap_or("host buffer"),
+                outcome.transport,
                 stats.bytes as f64 / stats.steps.max(1) as f64 / 1e6,
                 stats.buckets / stats.steps.max(1),
                 100.0 * stats.overhead(),
             );
-            if stats.communication.is_zero() && outcome.transport == Some("native") {
+            if stats.communication.is_zero() && outcome.transport.contains("native") {
                 // NCCL runs on its own stream; only the wait for it is timed on the host.
                 line += ", reduction time not measured on the native path";
             } else {
@@ -299,22 +302,13 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init();
-    let precision = args.amp.precision();
-    let mut transport = None;
-    let (step, sync, amp): (Box<dyn GradientStep<ResNet>>, _, _) = if precision == Precision::F32 {
-        let step = if args.no_overlap {
-            replica.non_overlapped_step()
-        } else {
-            replica.overlapped_step()
-        };
-        let stats = step.stats();
-        transport = Some(step.transport());
-        (Box::new(step), Some(stats), None)
+    let step = if args.no_overlap {
+        replica.non_overlapped_step()
     } else {
-        let step = AmpStep::new(precision).data_parallel(replica.comm());
-        let stats = step.stats();
-        (Box::new(step), None, Some(stats))
+        replica.overlapped_step()
     };
+    let (sync, transport) = (step.stats(), step.transport());
+    let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
     let mut builder = Trainer::builder(model, optimizer)
         .gradient_step(step)
         .schedule(schedule)
@@ -336,7 +330,7 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         None => builder.epochs(args.epochs),
     };
     let (model, report) = builder.build()?.fit()?;
-    let sync = sync.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
+    let sync = *sync.lock().unwrap_or_else(|p| p.into_inner());
     let amp = amp.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(Outcome {
         rank: replica.rank(),
@@ -360,12 +354,16 @@ fn measure_throughput(
         .device(device.clone())
         .build();
     let batches: Vec<_> = probe.epoch(0).take(4).collect::<Result<_, _>>()?;
+    // Probe in the precision training will use.
+    let precision = MixedPrecision::new(args.amp.precision());
+    let working = precision.working_copy(model);
+    let working = working.as_ref().unwrap_or(model);
     let mut timed = 0.0;
     let mut images = 0;
     for (i, batch) in batches.into_iter().enumerate() {
         let size = batch.indices.len();
         let start = std::time::Instant::now();
-        let _ = kiln::train::forward_backward(model, batch);
+        let _ = kiln::train::forward_backward(working, batch, &precision);
         if i > 0 {
             timed += start.elapsed().as_secs_f64();
             images += size;

@@ -1,14 +1,15 @@
-//! Automatic mixed precision for kiln.
+//! Mixed-precision vocabulary for kiln: what to compute in, what stays f32, how to scale.
 //!
 //! PyTorch users know `autocast` + `GradScaler`; Burn 0.22 offers a per-tensor dtype and
-//! explicit casts. kiln's AMP is a [`GradientStep`](kiln_train::GradientStep), [`AmpStep`],
-//! so the ordinary trainer runs it:
+//! explicit casts. In kiln, mixed precision is a setting of the training step, not a step of
+//! its own: [`MixedPrecision`] is given to the one-device step
+//! (`kiln_train::LocalStep::with_precision`) or to data-parallel training
+//! (`kiln_ddp::DdpConfig::precision`), so every data-parallel option works under it.
 //!
-//! - **Master weights stay f32.** The trainer's model and the optimizer state are f32. Each
-//!   step makes a working copy whose trainable parameters are cast to the [`Precision`]
-//!   (same parameter ids), runs forward and backward on it, and hands f32 gradients to the
-//!   optimizer, which updates the masters. The next step's copy is cast from the updated
-//!   masters.
+//! - **Master weights stay f32.** The model and the optimizer state are f32. Each step makes
+//!   a working copy whose trainable parameters are cast to the [`Precision`] (same parameter
+//!   ids), runs forward and backward on it, and hands f32 gradients to the optimizer, which
+//!   updates the masters. The next step's copy is cast from the updated masters.
 //! - **Policy** ([`AmpPolicy`]): parameters whose path matches a kept pattern stay f32
 //!   (default: batch norm — `bn*` and `*norm*` — so its statistics and affine parameters are
 //!   f32; the model must run such a layer on f32 input, as kiln's ResNet does). Logits are
@@ -20,16 +21,16 @@
 #![warn(missing_docs)]
 
 mod cast;
+mod mixed;
 mod policy;
 mod precision;
 mod scaler;
-mod step;
 
 pub use cast::{cast_module, module_dtypes};
+pub use mixed::{AmpStats, MixedPrecision};
 pub use policy::AmpPolicy;
 pub use precision::{Precision, PrecisionParseError};
 pub use scaler::{GradScaler, GradScalerConfig};
-pub use step::{AmpStats, AmpStep};
 
 #[cfg(test)]
 mod tests;

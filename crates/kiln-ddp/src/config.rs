@@ -1,5 +1,7 @@
 //! Data-parallel options.
 
+use kiln_amp::MixedPrecision;
+
 use crate::DdpError;
 
 /// The element type gradients travel in.
@@ -82,6 +84,12 @@ pub struct DdpConfig {
     /// machine's cores divided among this process's replicas, at least one each (see
     /// [`default_threads_per_replica`](crate::default_threads_per_replica)).
     pub threads_per_replica: Option<usize>,
+    /// Compute precision of forward and backward, the keep-f32 policy and the loss scaler
+    /// (default: f32). Master weights, optimizer state and the gradient reduction stay f32.
+    pub precision: MixedPrecision,
+    /// Clip gradients to this global norm: over every parameter of the model, computed on
+    /// the reduced gradients (over all ZeRO shards; under local SGD, each replica's own).
+    pub max_grad_norm: Option<f32>,
 }
 
 impl DdpConfig {
@@ -107,6 +115,13 @@ impl DdpConfig {
             return fail(
                 "threads_per_replica must be at least 1 (None: the cores divided among replicas)",
             );
+        }
+        if let Some(max_norm) = self.max_grad_norm
+            && !(max_norm.is_finite() && max_norm > 0.0)
+        {
+            return Err(DdpError::Config(format!(
+                "max_grad_norm must be positive and finite, not {max_norm}"
+            )));
         }
         if self.zero1 && !synchronous {
             return fail(
@@ -145,6 +160,8 @@ impl Default for DdpConfig {
             gradient_path: GradientPath::Auto,
             sync_batch_norm: false,
             threads_per_replica: None,
+            precision: MixedPrecision::f32(),
+            max_grad_norm: None,
         }
     }
 }
@@ -185,6 +202,13 @@ mod tests {
                     ..base()
                 },
                 "threads_per_replica",
+            ),
+            (
+                DdpConfig {
+                    max_grad_norm: Some(0.0),
+                    ..base()
+                },
+                "max_grad_norm",
             ),
             (
                 DdpConfig {

@@ -1,11 +1,12 @@
-//! Where a replica's gradients wait for their all-reduce (a host buffer or the device), and
-//! what reduces them ([`Transport`]).
+//! Where a replica's gradients wait for their all-reduce, which also decides what reduces
+//! them (one type for the [`GradientPath`] chosen; `reduce.rs` holds the reduction).
 //!
-//! [`GradStore::Host`] copies every parameter's gradient into one flat `f32` buffer (what
-//! the host communicators reduce; cheapest on CPU, where "device" memory is host memory).
-//! [`GradStore::Device`] keeps each gradient on its device, flattened, and a bucket is
-//! concatenated there: a GPU then crosses to the host once per bucket (staged) or not at
-//! all (Burn's native all-reduce), instead of once per parameter.
+//! [`GradStore::Host`] copies every parameter's gradient into one flat `f32` buffer, which
+//! the communicator reduces bucket by bucket (cheapest on CPU, where "device" memory is host
+//! memory). [`GradStore::Device`] keeps each gradient on its device, flattened (widened to
+//! f32 under mixed precision), and a bucket is concatenated there and reduced by its
+//! [`DeviceGroup`]: a GPU then crosses to the host once per bucket (staged) or not at all
+//! (Burn's native all-reduce), instead of once per parameter.
 
 use std::ops::Range;
 
@@ -13,26 +14,66 @@ use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use std::sync::Arc;
 
-use burn::tensor::{Device, Gradients, Tensor};
+use burn::tensor::{Device, FloatDType, Gradients, Tensor};
 use kiln_comm::{CommWorker, DeviceGroup};
+use kiln_train::{GradientSummary, GradientValues};
 
 use crate::GradientPath;
 use kiln_core::{FlatLayout, GradWriter};
 
-/// A replica's accumulated gradients, in the order of a [`FlatLayout`].
+/// A replica's accumulated gradients, in the order of a [`FlatLayout`], and what reduces them.
 pub(crate) enum GradStore {
-    /// One flat buffer.
+    /// One flat buffer, reduced by the communicator.
     Host(Vec<f32>),
-    /// One flattened tensor per layout entry (`None` until a gradient arrives).
+    /// One flattened tensor per layout entry (`None` until a gradient arrives), reduced by
+    /// `group` (Burn's native collective, or staged through the host).
     Device {
         /// The replica's device (without autodiff).
         device: Device,
         /// Slot `i` holds layout entry `i`'s gradient.
         slots: Vec<Option<Tensor<1>>>,
+        /// What reduces a bucket (boxed: it is large, and stores move every step).
+        group: Box<DeviceGroup>,
     },
 }
 
 impl GradStore {
+    /// The store `path` asks for on `device`; `native` is Burn's collective over this
+    /// process's replicas, when it has one for their devices.
+    pub(crate) fn choose(
+        path: GradientPath,
+        device: &Device,
+        native: Option<DeviceGroup>,
+        comm: &Arc<CommWorker>,
+    ) -> Self {
+        let on_device = match path {
+            GradientPath::Host => false,
+            GradientPath::Device => true,
+            GradientPath::Auto => *device != Device::flex(),
+        };
+        if !on_device {
+            return GradStore::Host(Vec::new());
+        }
+        let group =
+            native.unwrap_or_else(|| DeviceGroup::through_host(Arc::clone(comm), device.clone()));
+        GradStore::Device {
+            device: device.clone(),
+            slots: Vec::new(),
+            group: Box::new(group),
+        }
+    }
+
+    /// How gradients travel, for reports.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            GradStore::Host(_) => "host buffer",
+            GradStore::Device { group, .. } if group.is_native() => {
+                "device buckets, native all-reduce"
+            }
+            GradStore::Device { .. } => "device buckets staged through the host",
+        }
+    }
+
     /// An empty store of the same kind, sized for `layout`.
     pub(crate) fn reset(&mut self, layout: &FlatLayout) {
         match self {
@@ -62,27 +103,26 @@ impl GradStore {
             scale,
         }
     }
+}
 
-    /// `range` (whole layout entries) as one tensor on the device.
-    ///
-    /// # Panics
-    /// On a host store (a programmer error: device buckets come from device stores).
-    pub(crate) fn bucket(&self, layout: &FlatLayout, range: Range<usize>) -> Tensor<1> {
-        let GradStore::Device { device, slots } = self else {
-            panic!("device buckets come from a device store");
-        };
-        let parts: Vec<Tensor<1>> = entries_in(layout, &range)
-            .map(|(index, numel)| {
-                slots[index]
-                    .clone()
-                    .unwrap_or_else(|| Tensor::zeros([numel], device))
-            })
-            .collect();
-        if parts.is_empty() {
-            return Tensor::zeros([0], device);
-        }
-        Tensor::cat(parts, 0)
+/// `range` (whole layout entries) of device gradient `slots` as one tensor on `device`.
+pub(crate) fn device_bucket(
+    device: &Device,
+    slots: &[Option<Tensor<1>>],
+    layout: &FlatLayout,
+    range: Range<usize>,
+) -> Tensor<1> {
+    let parts: Vec<Tensor<1>> = entries_in(layout, &range)
+        .map(|(index, numel)| {
+            slots[index]
+                .clone()
+                .unwrap_or_else(|| Tensor::zeros([numel], device))
+        })
+        .collect();
+    if parts.is_empty() {
+        return Tensor::zeros([0], device);
     }
+    Tensor::cat(parts, 0)
 }
 
 /// (entry index, numel) of the layout entries of `range`, which covers whole entries of a
@@ -124,7 +164,10 @@ impl ModuleVisitor for Collector<'_> {
                     return;
                 };
                 let numel = self.layout.entries()[index].info.numel();
-                let grad = grad.reshape([numel]).mul_scalar(self.scale);
+                let grad = grad
+                    .reshape([numel])
+                    .cast(FloatDType::F32)
+                    .mul_scalar(self.scale);
                 let slot = &mut slots[index];
                 *slot = Some(match slot.take() {
                     Some(sum) => sum + grad,
@@ -135,22 +178,41 @@ impl ModuleVisitor for Collector<'_> {
     }
 }
 
-/// The optimizer's gradients from reduced buckets (each covering whole layout entries),
-/// every value multiplied by `scale`, on the buckets' device.
+/// Reduced device buckets, each covering whole layout entries.
+pub(crate) struct DeviceBuckets(pub Vec<(Range<usize>, Tensor<1>)>);
+
+impl GradientValues for DeviceBuckets {
+    fn scale(&mut self, factor: f32) {
+        for (_, bucket) in &mut self.0 {
+            *bucket = bucket.clone().mul_scalar(factor);
+        }
+    }
+
+    /// One read per bucket. A square beyond f32's range counts as non-finite.
+    fn summary(&self) -> GradientSummary {
+        let mut summary = GradientSummary::default();
+        for (_, bucket) in &self.0 {
+            let squares = (bucket.clone() * bucket.clone()).sum().into_scalar::<f32>();
+            summary.non_finite |= !squares.is_finite();
+            summary.squared_norm += f64::from(squares);
+        }
+        summary
+    }
+}
+
+/// The optimizer's gradients from reduced `buckets`, on the buckets' device.
 pub(crate) fn grads_from_buckets<M: burn::module::Module>(
     module: &M,
     layout: &FlatLayout,
-    buckets: Vec<(Range<usize>, Tensor<1>)>,
-    scale: f32,
+    buckets: DeviceBuckets,
 ) -> GradientsParams {
     // Split every bucket into its parameters' flat gradients, indexed by layout entry.
     let mut parts: Vec<Option<Tensor<1>>> = vec![None; layout.entries().len()];
-    for (range, bucket) in buckets {
+    for (range, bucket) in buckets.0 {
         let (indices, sizes): (Vec<usize>, Vec<usize>) = entries_in(layout, &range).unzip();
         if indices.is_empty() {
             continue;
         }
-        let bucket = bucket.mul_scalar(scale);
         let pieces = if indices.len() == 1 {
             vec![bucket]
         } else {
@@ -188,46 +250,4 @@ pub(crate) fn grads_from_buckets<M: burn::module::Module>(
     };
     module.visit(&mut reader);
     reader.out
-}
-
-/// What reduces a replica's gradient buckets (see [`GradientPath`]).
-pub(crate) enum Transport {
-    /// A host buffer, reduced by the communicator.
-    Host,
-    /// Device buckets, reduced by Burn's native collective or staged through the host
-    /// (the same step code either way).
-    Device(DeviceGroup),
-}
-
-impl Transport {
-    /// The transport `path` asks for on `device`; `native` is Burn's collective over this
-    /// process's replicas, when it has one for their devices.
-    pub(crate) fn choose(
-        path: GradientPath,
-        device: &Device,
-        native: Option<DeviceGroup>,
-        comm: &Arc<CommWorker>,
-    ) -> Self {
-        let on_device = match path {
-            GradientPath::Host => false,
-            GradientPath::Device => true,
-            GradientPath::Auto => *device != Device::flex(),
-        };
-        match (on_device, native) {
-            (false, _) => Transport::Host,
-            (true, Some(group)) => Transport::Device(group),
-            (true, None) => {
-                Transport::Device(DeviceGroup::through_host(Arc::clone(comm), device.clone()))
-            }
-        }
-    }
-
-    /// Its name, for reports.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Transport::Host => "host buffer",
-            Transport::Device(group) if group.is_native() => "device buckets, native all-reduce",
-            Transport::Device(_) => "device buckets staged through the host",
-        }
-    }
 }

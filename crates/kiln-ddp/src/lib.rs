@@ -16,6 +16,11 @@
 //!   so N replicas (even with uneven batch sizes) update exactly like one replica on the
 //!   union of their batches; gradient accumulation syncs once per optimizer step.
 //!   [`Replica::split_batch`] sizes each replica's batch by its measured throughput.
+//! - **Mixed precision** ([`DdpConfig::precision`]): f16/bf16 compute on a working copy,
+//!   f32 master weights and f32 gradient reduction, loss scaling with a skip decision every
+//!   replica shares. Every option here works under it.
+//! - **Gradient clipping** by the global norm over all replicas and ZeRO shards
+//!   ([`DdpConfig::max_grad_norm`]).
 //! - **Compression** to f16/bf16 on the wire ([`Compression`]), **local SGD**
 //!   ([`SyncMode::LocalSgd`]), batch-norm statistics averaged before every evaluation, and
 //!   a **divergence check** that names the first parameter that differs.
@@ -32,12 +37,14 @@
 #![warn(missing_docs)]
 
 mod balance;
+mod bucketing;
 mod config;
 mod consensus;
 mod error;
 mod grads;
 mod pass;
 mod plan;
+mod reduce;
 mod runtime;
 mod stats;
 mod step;
@@ -56,6 +63,8 @@ pub use threads::default_threads_per_replica;
 
 #[cfg(test)]
 mod device_tests;
+#[cfg(test)]
+mod precision_tests;
 #[cfg(test)]
 mod sync_bn_tests;
 #[cfg(test)]

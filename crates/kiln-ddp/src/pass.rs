@@ -1,11 +1,13 @@
 //! One micro-batch's forward and backward, reporting gradients group by group.
 //!
-//! A pass adds each group's gradients (scaled by the micro-batch size) to the replica's
-//! [`GradStore`] and then calls `on_group`, which starts the all-reduce of every bucket that
-//! has just become complete. [`segmented_pass`] cuts the graph at every segment boundary and
-//! runs backward one segment at a time, so buckets of later segments are reduced while
-//! earlier segments are still differentiating; [`full_pass`] is the fallback for models
-//! without segments (one group, sync after backward).
+//! A [`Pass`] runs forward on the step's working copy of the model (in the step's precision:
+//! inputs cast, logits and loss in f32, the loss scaled for backward), adds each group's
+//! gradients (weighted by [`MixedPrecision::gradient_weight`]) to the replica's
+//! [`GradStore`] and then tells the [`GroupSink`], which starts the all-reduce of every
+//! bucket that has just become complete. [`BySegment`] cuts the graph at every segment
+//! boundary and runs backward one segment at a time, so buckets of later segments are
+//! reduced while earlier segments are still differentiating; [`WholeModel`] is the fallback
+//! for models without segments (one group, sync after backward).
 //!
 //! **Synchronised batch norm.** Given a reducer, forward runs under a [`StatsTape`], so every
 //! [`kiln_core::sync_batch_norm`] layer normalises with statistics over all replicas and cuts
@@ -27,6 +29,7 @@
 use std::ops::{Add, Range};
 
 use burn::tensor::{Gradients, Tensor};
+use kiln_amp::MixedPrecision;
 use kiln_core::{
     Activation, FlatLayout, ImageClassifier, ParamInfo, SegmentId, Segmented, StatsReducer,
     StatsTape, param_infos, segment_param_infos,
@@ -36,52 +39,77 @@ use kiln_train::{classification_loss, count_correct};
 
 use crate::grads::{Collector, GradStore};
 
-/// Callback after a backward group: (group index in backward order, the gradients so far).
-pub(crate) type OnGroup<'a> = &'a mut dyn FnMut(usize, &GradStore);
+/// Told when a backward group's gradients are all in the store (the bucketing).
+pub(crate) trait GroupSink {
+    /// Group `group` (index in backward order) is complete in `store`.
+    fn group_done(&mut self, group: usize, store: &GradStore);
+}
 
-/// A pass over one micro-batch; returns (loss, correct predictions). With a reducer,
-/// layers normalised by `kiln_core::sync_batch_norm` are synchronised over replicas.
-pub(crate) type Pass<M> = fn(
-    &M,
-    ImageBatch,
-    &FlatLayout,
-    &mut GradStore,
-    f32,
-    OnGroup<'_>,
-    Option<StatsReducer>,
-) -> (f32, usize);
+/// What a pass over one micro-batch works with.
+pub(crate) struct PassContext<'a> {
+    /// Where each parameter's gradient goes.
+    pub layout: &'a FlatLayout,
+    /// The replica's gradients.
+    pub store: &'a mut GradStore,
+    /// The step's precision.
+    pub precision: &'a MixedPrecision,
+    /// Told after each backward group.
+    pub sink: &'a mut dyn GroupSink,
+    /// With a reducer, layers normalised by `kiln_core::sync_batch_norm` are synchronised
+    /// over replicas.
+    pub reduce: Option<StatsReducer>,
+}
 
-/// A model's trainable parameters grouped in backward order, for a [`Pass`].
-pub(crate) type Groups<M> = fn(&M) -> Vec<Vec<ParamInfo>>;
+/// How a step runs forward and backward of one micro-batch for one model type.
+pub(crate) trait Pass<M> {
+    /// The model's trainable parameters grouped as the pass reports them, in backward order.
+    fn groups(&self, model: &M) -> Vec<Vec<ParamInfo>>;
 
-/// How a step runs forward and backward for one model type.
-pub(crate) struct Passes<M> {
-    /// The pass.
-    pub pass: Pass<M>,
-    /// The parameter groups it reports, in backward order.
-    pub groups: Groups<M>,
+    /// Forward and backward of `batch` on `model` (the step's working copy); returns (loss,
+    /// correct predictions).
+    fn run(&self, model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize);
+}
+
+/// Forward and backward through the whole model, then one group (any model).
+pub(crate) struct WholeModel;
+
+/// Forward with a cut at every segment boundary, backward segment by segment.
+pub(crate) struct BySegment;
+
+impl<M: ImageClassifier> Pass<M> for WholeModel {
+    fn groups(&self, model: &M) -> Vec<Vec<ParamInfo>> {
+        vec![trainable(param_infos(model))]
+    }
+
+    fn run(&self, model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize) {
+        full_pass(model, batch, context)
+    }
+}
+
+impl<M> Pass<M> for BySegment
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M::Hidden: Add<Output = M::Hidden>,
+{
+    fn groups(&self, model: &M) -> Vec<Vec<ParamInfo>> {
+        backward_order(model)
+            .into_iter()
+            .map(|segment| trainable(segment_param_infos(model, segment)))
+            .collect()
+    }
+
+    fn run(&self, model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize) {
+        segmented_pass(model, batch, context)
+    }
 }
 
 fn trainable(infos: Vec<ParamInfo>) -> Vec<ParamInfo> {
     infos.into_iter().filter(|p| p.trainable).collect()
 }
 
-/// One group holding every trainable parameter.
-pub(crate) fn whole_model_groups<M: ImageClassifier>(model: &M) -> Vec<Vec<ParamInfo>> {
-    vec![trainable(param_infos(model))]
-}
-
 /// The segments in backward order: output, last middle … first middle, input.
 fn backward_order<M: Segmented>(model: &M) -> Vec<SegmentId> {
     model.segments().into_iter().rev().collect()
-}
-
-/// One group per segment, in backward order.
-pub(crate) fn segment_groups<M: Segmented>(model: &M) -> Vec<Vec<ParamInfo>> {
-    backward_order(model)
-        .into_iter()
-        .map(|segment| trainable(segment_param_infos(model, segment)))
-        .collect()
 }
 
 /// Runs `forward`, recording synchronised layers when there is a reducer.
@@ -187,18 +215,22 @@ fn synchronised_pieces<M: ImageClassifier, H: Activation + Add<Output = H>>(
 
 /// Forward and backward through the whole model, then one group. Synchronised layers cost
 /// a replay of the whole forward each (the model is one segment that forks inside).
-pub(crate) fn full_pass<M: ImageClassifier>(
+fn full_pass<M: ImageClassifier>(
     model: &M,
     batch: ImageBatch,
-    layout: &FlatLayout,
-    store: &mut GradStore,
-    scale: f32,
-    on_group: OnGroup<'_>,
-    reduce: Option<StatsReducer>,
+    context: PassContext<'_>,
 ) -> (f32, usize) {
-    let images = batch.images.clone();
+    let PassContext {
+        layout,
+        store,
+        precision,
+        sink: group_sink,
+        reduce,
+    } = context;
+    let samples = batch.indices.len();
+    let images = precision.input(batch.images);
     let ((loss, logits), mut tape) = record(reduce, || {
-        let logits = model.forward_logits(batch.images);
+        let logits = precision.logits(model.forward_logits(images.clone()));
         (
             classification_loss(logits.clone(), batch.labels.clone()),
             logits,
@@ -210,10 +242,10 @@ pub(crate) fn full_pass<M: ImageClassifier>(
         model,
         layout,
         store,
-        scale,
+        scale: precision.gradient_weight(samples),
     };
     let visit = |model: &M, collector: &mut Collector<'_>| model.visit(collector);
-    let mut grads = loss.backward();
+    let mut grads = precision.scaled_loss(loss).backward();
     let all = 0..tape.len();
     tape.harvest(&grads, all.clone());
     sink.collect(&mut grads, &visit);
@@ -229,7 +261,7 @@ pub(crate) fn full_pass<M: ImageClassifier>(
         recorded_usable: false,
     };
     synchronised_pieces(&mut sink, &mut tape, all, pieces, replay, &mut None);
-    on_group(0, sink.store);
+    group_sink.group_done(0, sink.store);
     (loss_value, correct)
 }
 
@@ -238,15 +270,7 @@ pub(crate) fn full_pass<M: ImageClassifier>(
 ///
 /// # Panics
 /// If a segment's output does not depend on its input (no gradient reaches the boundary).
-pub(crate) fn segmented_pass<M>(
-    model: &M,
-    batch: ImageBatch,
-    layout: &FlatLayout,
-    store: &mut GradStore,
-    scale: f32,
-    on_group: OnGroup<'_>,
-    reduce: Option<StatsReducer>,
-) -> (f32, usize)
+fn segmented_pass<M>(model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize)
 where
     M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
     M::Hidden: Add<Output = M::Hidden>,
@@ -255,13 +279,21 @@ where
     // passes came from models initialised outside `init_module`, which draw from Burn's
     // process-wide generator; the equivalence tests and CI's MPI-versus-threads fingerprint
     // check concurrent passes.)
+    let PassContext {
+        layout,
+        store,
+        precision,
+        sink: group_sink,
+        reduce,
+    } = context;
     let middle = model.num_middle_segments();
-    let images = batch.images.clone();
+    let samples = batch.indices.len();
+    let images = precision.input(batch.images);
     // Boundary k feeds middle segment k (k < middle) or the output segment (k = middle):
     // the value before the cut, the cut, and how many synchronised layers ran before it.
     let ((loss, logits, boundaries), mut tape) = record(reduce, || {
         let mut boundaries: Vec<(M::Hidden, M::Hidden, usize)> = Vec::with_capacity(middle + 1);
-        let mut hidden = model.forward_input(batch.images);
+        let mut hidden = model.forward_input(images.clone());
         for index in 0..=middle {
             let cut = hidden.clone().detach_boundary();
             boundaries.push((hidden, cut.clone(), StatsTape::recorded()));
@@ -271,7 +303,7 @@ where
                 cut
             };
         }
-        let logits = model.forward_output(hidden);
+        let logits = precision.logits(model.forward_output(hidden));
         let loss = classification_loss(logits.clone(), batch.labels.clone());
         (loss, logits, boundaries)
     });
@@ -282,11 +314,11 @@ where
         model,
         layout,
         store,
-        scale,
+        scale: precision.gradient_weight(samples),
     };
+    let mut loss = Some(precision.scaled_loss(loss));
     let mut upstream: Vec<Option<M::Hidden>> = vec![None; boundaries.len()];
     let no_gradient = "a segment's output does not depend on its input";
-    let mut loss = Some(loss);
     for (group, segment) in backward_order(model).into_iter().enumerate() {
         // The boundary feeding this segment, and the one its output crosses.
         let (input, output) = match segment {
@@ -352,7 +384,7 @@ where
         if let Some(b) = input {
             accumulate(&mut upstream[b], input_grad);
         }
-        on_group(group, sink.store);
+        group_sink.group_done(group, sink.store);
     }
     (loss_value, correct)
 }

@@ -9,8 +9,8 @@ use kiln_core::{ImageClassifier, Segmented};
 use kiln_train::TrainError;
 
 use crate::consensus::{Selection, broadcast, check_divergence};
-use crate::grads::Transport;
-use crate::pass::{Passes, full_pass, segment_groups, segmented_pass, whole_model_groups};
+use crate::grads::GradStore;
+use crate::pass::{BySegment, Pass, WholeModel};
 use crate::threads::{replica_pool, resolve_threads};
 use crate::{DdpConfig, DdpError, DdpStep};
 
@@ -272,7 +272,7 @@ impl Replica {
     }
 
     /// A shared handle on the replica's communication thread, for custom collectives and
-    /// for steps that keep it (e.g. `kiln_amp::AmpStep::data_parallel`).
+    /// for custom collectives in a user's own step.
     pub fn comm(&self) -> Arc<CommWorker> {
         Arc::clone(&self.comm)
     }
@@ -289,29 +289,20 @@ impl Replica {
         check_divergence(&self.comm, module, Selection::All)
     }
 
-    /// A step running `passes` with this replica's communicator, options and transport.
-    fn step<M: ImageClassifier>(&self, passes: Passes<M>) -> DdpStep<M> {
-        let transport = Transport::choose(
+    /// A step running `pass` with this replica's communicator, options and gradient store.
+    fn step<M: ImageClassifier>(&self, pass: Box<dyn Pass<M>>) -> DdpStep<M> {
+        let store = GradStore::choose(
             self.config.gradient_path,
             &self.device,
             self.device_group.clone(),
             &self.comm,
         );
-        DdpStep::new(
-            Arc::clone(&self.comm),
-            self.config.clone(),
-            passes,
-            self.device.clone(),
-            transport,
-        )
+        DdpStep::new(Arc::clone(&self.comm), self.config.clone(), pass, store)
     }
 
     /// A step that all-reduces gradients after backward (any model).
     pub fn non_overlapped_step<M: ImageClassifier>(&self) -> DdpStep<M> {
-        self.step(Passes {
-            pass: full_pass::<M>,
-            groups: whole_model_groups::<M>,
-        })
+        self.step(Box::new(WholeModel))
     }
 
     /// A step that runs backward segment by segment and all-reduces each bucket while
@@ -321,9 +312,6 @@ impl Replica {
         M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
         M::Hidden: std::ops::Add<Output = M::Hidden>,
     {
-        self.step(Passes {
-            pass: segmented_pass::<M>,
-            groups: segment_groups::<M>,
-        })
+        self.step(Box::new(BySegment))
     }
 }

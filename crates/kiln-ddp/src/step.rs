@@ -1,126 +1,83 @@
 //! The data-parallel gradient step.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use std::cell::RefCell;
-use std::ops::Range;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use burn::tensor::{Device, FloatDType, Tensor};
-use half::{bf16, f16};
-use kiln_comm::{
-    CommElement, CommError, CommWorker, Communicator, Pending, PendingTensor, ReduceBuffer,
-    ReduceOp,
-};
+use burn::optim::GradientsParams;
+use kiln_amp::AmpStats;
+use kiln_comm::{CommError, CommWorker, ReduceOp};
 use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
 use kiln_data::ImageBatch;
-use kiln_train::{GradientStep, StepMetrics, StepOutput, TrainError};
+use kiln_train::{
+    GradientStep, GradientSummary, MeanGradient, StepMetrics, StepOutput, TrainError,
+};
 
+use crate::bucketing::{Bucketing, NoBuckets};
 use crate::consensus::{Selection, average, check_divergence};
-use crate::grads::{GradStore, Transport, grads_from_buckets};
-use crate::pass::{OnGroup, Passes};
+use crate::grads::{GradStore, grads_from_buckets};
+use crate::pass::{GroupSink, Pass, PassContext};
 use crate::plan::BucketPlan;
+use crate::reduce::{Finished, Wire};
 use crate::stats::SyncStats;
 use crate::zero::ZeroPlan;
 use crate::{Compression, DdpConfig, SyncMode};
 
-/// A gradient step that all-reduces bucketed gradients with the other replicas.
+/// A gradient step that all-reduces bucketed gradients with the other replicas, in the
+/// configured precision ([`DdpConfig::precision`]).
 ///
 /// Gradients of each micro-batch are summed weighted by its sample count; the all-reduce
 /// sums them with every replica's sample count (carried as one extra element per host
-/// bucket, or reduced on its own for device buckets), and the result is divided by the total. The
-/// update is therefore exactly the mean over all samples of all replicas, whatever each
-/// replica's batch size.
+/// bucket, or reduced on its own for device buckets), and [`MeanGradient`] divides by the
+/// total. The update is therefore exactly the mean over all samples of all replicas,
+/// whatever each replica's batch size. Under mixed precision the passes run on a working
+/// copy cast once per step and add f32 gradients, unscaled; the reduced gradients are
+/// identical on every replica, so every replica reaches the same skip decision (ZeRO-1 and
+/// local SGD agree on it with one small all-reduce).
 ///
 /// Create it with [`Replica::non_overlapped_step`](crate::Replica::non_overlapped_step) or
 /// [`Replica::overlapped_step`](crate::Replica::overlapped_step).
 pub struct DdpStep<M> {
     comm: Arc<CommWorker>,
     config: DdpConfig,
-    passes: Passes<M>,
+    pass: Box<dyn Pass<M>>,
     plan: Option<BucketPlan>,
     zero: Option<ZeroPlan>,
-    transport: Transport,
     store: GradStore,
+    rule: MeanGradient,
     stats: Arc<Mutex<SyncStats>>,
 }
 
-/// A bucket in flight and its range in the layout.
-enum InFlight {
-    /// Through the communicator: the reduced values followed by the total sample count.
-    Host(Range<usize>, Pending<Vec<f32>>),
-    /// Through a [`DeviceGroup`] (native or staged).
-    Device(Range<usize>, PendingTensor<1>),
-}
-
-/// A bucket laid out for the communicator, in the element type that travels.
-enum Prepared {
-    Full(ReduceBuffer),
-    F16(Vec<f16>),
-    Bf16(Vec<bf16>),
-}
-
-impl Prepared {
-    /// Lays out `values` (`len` of them) for the collective, in one copy.
-    fn new(
-        values: impl Iterator<Item = f32>,
-        len: usize,
-        compression: Compression,
-        world: usize,
-    ) -> Self {
-        match compression {
-            Compression::None => {
-                let mut buffer = ReduceBuffer::new(len, world);
-                buffer.fill_from(values);
-                Prepared::Full(buffer)
-            }
-            Compression::F16 => Prepared::F16(values.map(f16::from_f32).collect()),
-            Compression::Bf16 => Prepared::Bf16(values.map(bf16::from_f32).collect()),
-        }
-    }
-
-    /// Sums over every rank; the result widened to `f32`.
-    fn reduce(self, comm: &Communicator) -> Result<Vec<f32>, CommError> {
-        match self {
-            Prepared::Full(mut buffer) => comm
-                .all_reduce_buffer(&mut buffer, ReduceOp::Sum)
-                .map(|_| buffer.to_vec()),
-            Prepared::F16(narrow) => reduce_narrowed(comm, narrow),
-            Prepared::Bf16(narrow) => reduce_narrowed(comm, narrow),
-        }
-    }
-}
-
 impl<M: ImageClassifier> DdpStep<M> {
+    /// # Panics
+    /// If `config` was not validated ([`DdpConfig::validate`] checks the clipping norm).
     pub(crate) fn new(
         comm: Arc<CommWorker>,
         config: DdpConfig,
-        passes: Passes<M>,
-        device: Device,
-        transport: Transport,
+        pass: Box<dyn Pass<M>>,
+        store: GradStore,
     ) -> Self {
         // ZeRO-1 reduce-scatters one host buffer.
-        let transport = if config.zero1 {
-            Transport::Host
+        let store = if config.zero1 {
+            GradStore::Host(Vec::new())
         } else {
-            transport
+            store
         };
-        let store = match transport {
-            Transport::Host => GradStore::Host(Vec::new()),
-            Transport::Device(_) => GradStore::Device {
-                device,
-                slots: Vec::new(),
-            },
-        };
+        let mut rule = MeanGradient::new(config.precision.clone());
+        if let Some(max_norm) = config.max_grad_norm {
+            rule = rule
+                .with_max_norm(max_norm)
+                .expect("DdpConfig::validate checks the norm");
+        }
         Self {
             comm,
             config,
-            passes,
+            pass,
             plan: None,
             zero: None,
-            transport,
             store,
+            rule,
             stats: Arc::default(),
         }
     }
@@ -130,22 +87,26 @@ impl<M: ImageClassifier> DdpStep<M> {
         Arc::clone(&self.stats)
     }
 
-    /// How gradients travel: host buffer, staged device buckets or native device all-reduce.
-    pub fn transport(&self) -> &'static str {
-        self.transport.name()
+    /// A handle on the mixed-precision statistics (skipped steps, loss scale).
+    pub fn amp_stats(&self) -> Arc<Mutex<AmpStats>> {
+        self.rule.stats()
     }
 
-    /// Forward and backward of one micro-batch (gradients scaled by its size into `store`),
-    /// with batch-norm statistics summed over replicas if so configured.
+    /// How gradients travel: host buffer, staged device buckets or native device all-reduce.
+    pub fn transport(&self) -> &'static str {
+        self.store.name()
+    }
+
+    /// Forward and backward of one micro-batch on `working` (gradients weighted into
+    /// `store`), with batch-norm statistics summed over replicas if so configured.
     fn run_pass(
         &self,
-        model: &M,
+        working: &M,
         batch: ImageBatch,
         layout: &FlatLayout,
         store: &mut GradStore,
-        on_group: OnGroup<'_>,
+        sink: &mut dyn GroupSink,
     ) -> Result<(f32, usize), TrainError> {
-        let size = batch.indices.len() as f32;
         // The reducer cannot fail the forward it runs in: it records the first error, the
         // layers fall back to local statistics, and the step fails here instead.
         let failure: Rc<RefCell<Option<CommError>>> = Rc::default();
@@ -162,126 +123,20 @@ impl<M: ImageClassifier> DdpStep<M> {
                 summed.map_err(|err| *failed.borrow_mut() = Some(err)).ok()
             }) as StatsReducer
         });
-        let result = (self.passes.pass)(model, batch, layout, store, size, on_group, reduce);
+        let context = PassContext {
+            layout,
+            store,
+            precision: self.rule.precision(),
+            sink,
+            reduce,
+        };
+        let result = self.pass.run(working, batch, context);
         match failure.take() {
             Some(err) => Err(err.into()),
             None => Ok(result),
         }
     }
 
-    /// Starts the all-reduce of the bucket `range` of `store` (on the host buffer, with this
-    /// replica's sample count appended).
-    fn submit(
-        &self,
-        store: &GradStore,
-        layout: &FlatLayout,
-        range: Range<usize>,
-        samples: usize,
-    ) -> InFlight {
-        let compression = self.config.compression;
-        match (&self.transport, store) {
-            (Transport::Device(group), _) => {
-                let bucket = store.bucket(layout, range.clone());
-                let bucket = match compression {
-                    Compression::None => bucket,
-                    Compression::F16 => bucket.cast(FloatDType::F16),
-                    Compression::Bf16 => bucket.cast(FloatDType::BF16),
-                };
-                let pending = group
-                    .all_reduce(bucket, ReduceOp::Sum)
-                    .expect("every device collective sums");
-                InFlight::Device(range, pending)
-            }
-            (Transport::Host, GradStore::Host(flat)) => {
-                let count = std::iter::once(samples as f32);
-                let values = flat[range.clone()].iter().copied().chain(count);
-                let world = self.comm.world_size();
-                let prepared = Prepared::new(values, range.len() + 1, compression, world);
-                InFlight::Host(range, self.comm.submit(move |c| prepared.reduce(c)))
-            }
-            (Transport::Host, GradStore::Device { .. }) => {
-                unreachable!("a host transport keeps a host store")
-            }
-        }
-    }
-
-    /// Waits for every bucket. Host stores receive their reduced values in place; device
-    /// stores get them back as tensors.
-    fn finish(
-        &self,
-        in_flight: Vec<InFlight>,
-        store: &mut GradStore,
-        samples: usize,
-    ) -> Result<Finished, TrainError> {
-        let mut total = samples as f32;
-        let mut communication = Duration::ZERO;
-        if in_flight.iter().any(|f| matches!(f, InFlight::Device(..))) {
-            // Device buckets carry no count. And NCCL waits for its peers without a timeout:
-            // every rank reduces its sample count here only after enqueuing all its buckets,
-            // so once this (timed) collective succeeds every bucket has all its ranks, and a
-            // lost peer is an error instead of a hang.
-            let count = self
-                .comm
-                .submit(move |c| {
-                    let mut count = vec![samples as f32];
-                    c.all_reduce(&mut count, ReduceOp::Sum).map(|_| count)
-                })
-                .wait()?;
-            total = count.value[0];
-            communication += count.busy;
-        }
-        let mut reduced = Vec::with_capacity(in_flight.len());
-        for flight in in_flight {
-            match flight {
-                InFlight::Host(range, pending) => {
-                    let done = pending.wait()?;
-                    communication += done.busy;
-                    let (values, count) = done.value.split_at(range.len());
-                    total = count[0];
-                    if let GradStore::Host(flat) = store {
-                        flat[range].copy_from_slice(values);
-                    }
-                }
-                InFlight::Device(range, pending) => {
-                    let done = pending.wait()?;
-                    communication += done.busy;
-                    let bucket = done.value;
-                    let bucket = match self.config.compression {
-                        Compression::None => bucket,
-                        Compression::F16 | Compression::Bf16 => bucket.cast(FloatDType::F32),
-                    };
-                    reduced.push((range, bucket));
-                }
-            }
-        }
-        Ok(Finished {
-            reduced,
-            total,
-            communication,
-        })
-    }
-}
-
-/// What the buckets of a step came back as.
-struct Finished {
-    /// Reduced device buckets (empty for a host store).
-    reduced: Vec<(Range<usize>, Tensor<1>)>,
-    /// Samples over every replica.
-    total: f32,
-    /// Time the communication thread spent reducing.
-    communication: Duration,
-}
-
-/// All-reduces `narrow` in its half type (what travels), returning it widened to `f32`.
-fn reduce_narrowed<T: CommElement>(
-    comm: &Communicator,
-    mut narrow: Vec<T>,
-) -> Result<Vec<f32>, CommError> {
-    comm.all_reduce(&mut narrow, ReduceOp::Sum)?;
-    Ok(narrow.into_iter().map(T::to_f32).collect())
-}
-
-impl<M: ImageClassifier> DdpStep<M> {
     /// ZeRO-1: reduce-scatter the padded gradient regions; return only this replica's
     /// parameters' gradients, so its optimizer keeps state for them alone.
     fn zero_gradients(
@@ -297,19 +152,21 @@ impl<M: ImageClassifier> DdpStep<M> {
                 .collect();
             ZeroPlan::new(params, rank, world)
         });
+        let working = self.rule.precision().working_copy(model);
+        let working = working.as_ref().unwrap_or(model);
         let mut store = GradStore::Host(vec![0.0f32; world * zero.region]);
         let mut metrics = StepMetrics::default();
         let compute_start = Instant::now();
         for batch in batches {
             let size = batch.indices.len();
             let (loss, right) =
-                self.run_pass(model, batch, &zero.full, &mut store, &mut |_, _| {})?;
+                self.run_pass(working, batch, &zero.full, &mut store, &mut NoBuckets)?;
             metrics.record(loss, right, size);
         }
         let samples = metrics.samples();
         let compute = compute_start.elapsed();
         let GradStore::Host(mut flat) = store else {
-            unreachable!("ZeRO-1 reduces a host buffer")
+            unreachable!("made as a host buffer above")
         };
         for r in 0..world {
             flat[zero.count_slot(r)] = samples as f32;
@@ -324,9 +181,19 @@ impl<M: ImageClassifier> DdpStep<M> {
             })
             .wait()?;
         let mut mine = reduced.value;
-        let scale = 1.0 / mine[region - 1].max(1.0);
-        mine.iter_mut().for_each(|g| *g *= scale);
-        let grads = grads_from_flat(model, &zero.owned, &mine);
+        let total = mine[region - 1];
+        // Each replica holds one shard: the norm and the overflow flag are summed over all.
+        let comm = &self.comm;
+        let apply = self
+            .rule
+            .finish(&mut mine[..region - 1], total, |summary| {
+                sum_summaries(comm, summary)
+            })?;
+        let grads = if apply {
+            grads_from_flat(model, &zero.owned, &mine)
+        } else {
+            GradientsParams::new()
+        };
         {
             let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
             stats.steps += 1;
@@ -354,6 +221,26 @@ impl<M: ImageClassifier> DdpStep<M> {
     }
 }
 
+/// The summary of the union of every replica's gradients (ZeRO shards): squared norms
+/// summed, overflow if any replica overflowed.
+pub(crate) fn sum_summaries(
+    comm: &CommWorker,
+    summary: GradientSummary,
+) -> Result<GradientSummary, TrainError> {
+    let values = vec![
+        f32::from(u8::from(summary.non_finite)),
+        summary.squared_norm as f32,
+    ];
+    let summed = comm.run(move |c| {
+        let mut values = values;
+        c.all_reduce(&mut values, ReduceOp::Sum).map(|_| values)
+    })?;
+    Ok(GradientSummary {
+        non_finite: summed[0] > 0.0 || !summed[1].is_finite(),
+        squared_norm: f64::from(summed[1]),
+    })
+}
+
 impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
     fn gradients(
         &mut self,
@@ -367,7 +254,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let plan = match self.plan.take() {
             Some(plan) => plan,
             None => BucketPlan::new(
-                (self.passes.groups)(model),
+                self.pass.groups(model),
                 self.config.first_bucket_bytes,
                 self.config.bucket_cap_bytes,
             ),
@@ -375,53 +262,57 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let layout = plan.layout();
         let mut store = std::mem::replace(&mut self.store, GradStore::Host(Vec::new()));
         store.reset(layout);
+        let working = self.rule.precision().working_copy(model);
+        let working = working.as_ref().unwrap_or(model);
 
         let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
         let synchronous = self.config.mode == SyncMode::Gradients;
+        let wire = Wire {
+            compression: self.config.compression,
+            comm: &self.comm,
+        };
         let count = batches.len();
         let mut metrics = StepMetrics::default();
-        let mut in_flight: Vec<InFlight> = Vec::with_capacity(plan.buckets().len());
+        // Buckets start during the last micro-batch's backward (earlier ones only add up).
+        let mut bucketing = Bucketing::new(&plan, wire, samples);
         let compute_start = Instant::now();
         for (index, batch) in batches.into_iter().enumerate() {
-            let last = index + 1 == count;
             let size = batch.indices.len();
-            let mut on_group = |group: usize, store: &GradStore| {
-                if last && synchronous {
-                    for bucket in
-                        plan.buckets()[in_flight.len()..plan.ready_after_group(group)].iter()
-                    {
-                        in_flight.push(self.submit(store, layout, bucket.clone(), samples));
-                    }
-                }
+            let sink: &mut dyn GroupSink = if index + 1 == count && synchronous {
+                &mut bucketing
+            } else {
+                &mut NoBuckets
             };
-            let (loss, right) = self.run_pass(model, batch, layout, &mut store, &mut on_group)?;
+            let (loss, right) = self.run_pass(working, batch, layout, &mut store, sink)?;
             metrics.record(loss, right, size);
         }
         let compute = compute_start.elapsed();
 
         let wait_start = Instant::now();
+        let in_flight = bucketing.into_in_flight();
         let buckets = in_flight.len();
         let Finished {
-            mut reduced,
+            reduced,
             total,
             communication,
-        } = self.finish(in_flight, &mut store, samples)?;
+        } = store.finish_reduce(in_flight, samples, wire)?;
         let exposed = wait_start.elapsed();
-        let scale = 1.0 / total.max(1.0);
+        let device_buckets = if synchronous {
+            reduced
+        } else {
+            store.local_buckets(layout, plan.buckets())
+        };
+        let (comm, mode) = (&self.comm, self.config.mode);
+        let agree = |summary| agree_on_summary(comm, mode, summary);
         let grads = match &mut store {
             GradStore::Host(flat) => {
-                flat.iter_mut().for_each(|g| *g *= scale);
-                grads_from_flat(model, layout, flat)
+                let apply = self.rule.finish(&mut flat[..], total, agree)?;
+                apply.then(|| grads_from_flat(model, layout, flat))
             }
             GradStore::Device { .. } => {
-                if !synchronous {
-                    reduced = plan
-                        .buckets()
-                        .iter()
-                        .map(|range| (range.clone(), store.bucket(layout, range.clone())))
-                        .collect();
-                }
-                grads_from_buckets(model, layout, reduced, scale)
+                let mut buckets = device_buckets;
+                let apply = self.rule.finish(&mut buckets, total, agree)?;
+                apply.then(|| grads_from_buckets(model, layout, buckets))
             }
         };
         {
@@ -444,7 +335,8 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         }
         self.store = store;
         self.plan = Some(plan);
-        Ok(metrics.output(grads))
+        // No gradients for a skipped step: the optimizer leaves parameters and state alone.
+        Ok(metrics.output(grads.unwrap_or_else(GradientsParams::new)))
     }
 
     fn after_update(&mut self, model: M, step: usize) -> Result<M, TrainError> {
@@ -477,5 +369,30 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
             SyncMode::Unsynchronized => return Ok(model),
         };
         Ok(average(&self.comm, model, selection)?)
+    }
+}
+
+/// The summary every replica finishes with. Synchronous replicas hold identical reduced
+/// gradients, so each keeps its own. Local-SGD replicas agree on the overflow flag, so that
+/// they skip the same steps and keep identical loss scales; each clips its own update by its
+/// own norm. Unsynchronized replicas are independent.
+pub(crate) fn agree_on_summary(
+    comm: &CommWorker,
+    mode: SyncMode,
+    summary: GradientSummary,
+) -> Result<GradientSummary, TrainError> {
+    match mode {
+        SyncMode::LocalSgd { .. } => {
+            let flag = vec![f32::from(u8::from(summary.non_finite))];
+            let any = comm.run(move |c| {
+                let mut flag = flag;
+                c.all_reduce(&mut flag, ReduceOp::Sum).map(|_| flag)
+            })?;
+            Ok(GradientSummary {
+                non_finite: any[0] > 0.0,
+                ..summary
+            })
+        }
+        SyncMode::Gradients | SyncMode::Unsynchronized => Ok(summary),
     }
 }

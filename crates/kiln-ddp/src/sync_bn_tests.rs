@@ -94,7 +94,11 @@ fn synchronised_resnet_matches_one_device() {
     };
     // A gentler schedule than the small model's: at lr 0.2 a deep net amplifies rounding
     // differences chaotically within a few steps.
-    let schedule = Schedule { steps: 3, lr: 0.05 };
+    let schedule = Schedule {
+        steps: 3,
+        lr: 0.05,
+        ..Schedule::default()
+    };
     let reference = single_with(Device::flex(), data(), 8, 1, true, &schedule, resnet);
     let mut synced = Setup::new(2, 4);
     synced.config.sync_batch_norm = true;

@@ -1,14 +1,16 @@
-//! Gradient accumulation over micro-batches.
+//! Gradient accumulation over micro-batches on one device.
 
+use burn::optim::GradientsParams;
+use kiln_amp::MixedPrecision;
 use kiln_core::{FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos};
 use kiln_data::ImageBatch;
 
-use crate::{StepMetrics, StepOutput, forward_backward};
+use crate::{MeanGradient, StepMetrics, StepOutput, TrainError, forward_backward};
 
-/// Sums sample-weighted gradients over micro-batches, so that the result is the mean
-/// gradient over all their samples: exactly one large batch's gradient.
+/// Sums weighted gradients of micro-batches in one f32 buffer, for [`MeanGradient`] to turn
+/// into the mean gradient over all their samples: exactly one large batch's gradient.
 #[derive(Debug)]
-pub struct Accumulator {
+pub(crate) struct Accumulator {
     layout: FlatLayout,
     flat: Vec<f32>,
     metrics: StepMetrics,
@@ -16,7 +18,7 @@ pub struct Accumulator {
 
 impl Accumulator {
     /// An empty accumulator for `model`'s trainable parameters.
-    pub fn new<M: ImageClassifier>(model: &M) -> Self {
+    pub(crate) fn new<M: ImageClassifier>(model: &M) -> Self {
         let layout = FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable));
         let flat = vec![0.0; layout.len()];
         Self {
@@ -26,31 +28,41 @@ impl Accumulator {
         }
     }
 
-    /// Runs forward and backward on `batch` and adds its gradients, weighted by its size.
-    pub fn add<M: ImageClassifier>(&mut self, model: &M, batch: ImageBatch) {
+    /// Runs forward and backward of `batch` on `working` (the model in `precision`) and
+    /// adds its gradients, widened to f32 and weighted by [`MixedPrecision::gradient_weight`].
+    pub(crate) fn add<M: ImageClassifier>(
+        &mut self,
+        working: &M,
+        batch: ImageBatch,
+        precision: &MixedPrecision,
+    ) {
         let samples = batch.indices.len();
-        let (mut grads, loss, correct) = forward_backward(model, batch);
-        model.visit(&mut GradWriter {
+        let (mut grads, loss, correct) = forward_backward(working, batch, precision);
+        working.visit(&mut GradWriter {
             grads: &mut grads,
             layout: &self.layout,
             flat: &mut self.flat,
-            scale: samples as f32,
+            scale: precision.gradient_weight(samples),
             accumulate: true,
         });
         self.metrics.record(loss, correct, samples);
     }
 
-    /// Samples added so far.
-    pub fn samples(&self) -> usize {
-        self.metrics.samples()
-    }
-
-    /// The mean gradient over every sample added.
-    pub fn finish<M: ImageClassifier>(self, model: &M) -> StepOutput {
-        let scale = 1.0 / self.metrics.samples().max(1) as f32;
-        let mut flat = self.flat;
-        flat.iter_mut().for_each(|g| *g *= scale);
-        self.metrics
-            .output(grads_from_flat(model, &self.layout, &flat))
+    /// The mean gradient over every sample added, by `rule`, for `model`'s parameters (no
+    /// gradients when the rule skips the step).
+    pub(crate) fn finish<M: ImageClassifier>(
+        mut self,
+        model: &M,
+        rule: &mut MeanGradient,
+    ) -> Result<StepOutput, TrainError> {
+        let total = self.metrics.samples() as f32;
+        let apply = rule.finish(&mut self.flat[..], total, Ok)?;
+        let grads = if apply {
+            grads_from_flat(model, &self.layout, &self.flat)
+        } else {
+            // No gradients: the optimizer leaves parameters and its state untouched.
+            GradientsParams::new()
+        };
+        Ok(self.metrics.output(grads))
     }
 }

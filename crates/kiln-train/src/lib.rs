@@ -4,7 +4,7 @@
 //! an [`ImageClassifier`](kiln_core::ImageClassifier) with any of Burn's optimisers, a
 //! [`LrSchedule`], and reports loss, accuracy and images/s per step, live on a progress bar
 //! and as a summary per epoch. How gradients are produced is a [`GradientStep`]: on one
-//! device it is a plain forward and backward ([`LocalStep`]); the data-parallel runtime plugs
+//! device it is a plain forward and backward ([`LocalStep`], in f32 or mixed precision); the data-parallel runtime plugs
 //! in a step that also all-reduces gradients, without changing the loop.
 //!
 //! ```
@@ -35,15 +35,16 @@
 mod accumulate;
 mod error;
 mod evaluate;
+mod mean_gradient;
 mod metrics;
 mod progress;
 mod schedule;
 mod step;
 mod trainer;
 
-pub use accumulate::Accumulator;
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate};
+pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
 pub use schedule::{Decay, LrSchedule};
 pub use step::{
@@ -52,5 +53,7 @@ pub use step::{
 };
 pub use trainer::{Trainer, TrainerBuilder};
 
+#[cfg(test)]
+mod precision_tests;
 #[cfg(test)]
 mod tests;

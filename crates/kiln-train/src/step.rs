@@ -1,12 +1,16 @@
 //! Producing the gradients of one training step.
 
+use std::sync::{Arc, Mutex};
+
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Gradients, Int, Tensor};
+use kiln_amp::{AmpStats, MixedPrecision};
 use kiln_core::ImageClassifier;
 use kiln_data::ImageBatch;
 
-use crate::{Accumulator, TrainError};
+use crate::accumulate::Accumulator;
+use crate::{MeanGradient, TrainError};
 
 /// What one gradient step produced.
 #[derive(Debug)]
@@ -80,9 +84,72 @@ pub trait GradientStep<M: ImageClassifier> {
     }
 }
 
-/// Forward and backward on one device.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LocalStep;
+/// Forward and backward on one device, in f32 or mixed precision, optionally clipping the
+/// gradient's norm.
+///
+/// ```
+/// use burn::optim::SgdConfig;
+/// use burn::tensor::Device;
+/// use kiln_amp::{MixedPrecision, Precision};
+/// use kiln_data::{DataLoader, SyntheticImages};
+/// use kiln_resnet::{ResNetConfig, StemKind};
+/// use kiln_train::{LocalStep, Trainer};
+///
+/// let device = Device::flex().autodiff();
+/// let model = kiln_core::init_module(&device, 42, || {
+///     ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(&device)
+/// });
+/// let loader = DataLoader::builder(SyntheticImages::new(16, 4, 1, [3, 8, 8])).batch_size(8).device(device).build();
+/// let step = LocalStep::new()
+///     .with_precision(MixedPrecision::new(Precision::Bf16))
+///     .with_max_grad_norm(1.0)
+///     .unwrap();
+/// let (model, _) = Trainer::builder(model, SgdConfig::new().init())
+///     .gradient_step(step)
+///     .train_loader(loader)
+///     .max_steps(2)
+///     .progress(false)
+///     .log_epochs(false)
+///     .build()
+///     .unwrap()
+///     .fit()
+///     .unwrap();
+/// // Master weights stay f32.
+/// assert!(kiln_amp::module_dtypes(&model).iter().all(|d| *d == burn::tensor::DType::F32));
+/// ```
+#[derive(Debug, Default)]
+pub struct LocalStep {
+    rule: MeanGradient,
+}
+
+impl LocalStep {
+    /// Plain f32 forward and backward.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Computes in `precision` (f32 master weights, see [`MixedPrecision`]).
+    pub fn with_precision(self, precision: MixedPrecision) -> Self {
+        Self {
+            rule: self.rule.with_precision(precision),
+        }
+    }
+
+    /// Clips the gradient to a global norm of at most `max_norm`.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] unless `max_norm` is positive and finite.
+    pub fn with_max_grad_norm(self, max_norm: f32) -> Result<Self, TrainError> {
+        Ok(Self {
+            rule: self.rule.with_max_norm(max_norm)?,
+        })
+    }
+
+    /// Skipped steps and the loss scale, readable after training.
+    pub fn stats(&self) -> Arc<Mutex<AmpStats>> {
+        self.rule.stats()
+    }
+}
 
 /// Mean cross-entropy of `logits` against `labels`.
 pub fn classification_loss(logits: Tensor<2>, labels: Tensor<1, Int>) -> Tensor<1> {
@@ -98,15 +165,17 @@ pub fn count_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> usize {
     predicted.equal(labels).int().sum().into_scalar::<i64>() as usize
 }
 
-/// Forward and backward of one batch: the raw autodiff gradients, the loss and the number
-/// of correct predictions.
+/// Forward and backward of one batch in `precision` (`model` is the working copy, see
+/// [`MixedPrecision::working_copy`]): the raw autodiff gradients (of the scaled loss), the
+/// loss and the number of correct predictions.
 pub fn forward_backward<M: ImageClassifier>(
     model: &M,
     batch: ImageBatch,
+    precision: &MixedPrecision,
 ) -> (Gradients, f32, usize) {
-    let logits = model.forward_logits(batch.images);
+    let logits = precision.logits(model.forward_logits(precision.input(batch.images)));
     let loss = classification_loss(logits.clone(), batch.labels.clone());
-    let grads = loss.backward();
+    let grads = precision.scaled_loss(loss.clone()).backward();
     (
         grads,
         loss.into_scalar::<f32>(),
@@ -121,10 +190,11 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
         mut batches: Vec<ImageBatch>,
         _step: usize,
     ) -> Result<StepOutput, TrainError> {
-        if batches.len() == 1 {
+        if batches.len() == 1 && !self.rule.checks() {
+            // Plain f32, one batch: the loss is already the batch mean.
             let batch = batches.pop().expect("one batch");
             let samples = batch.indices.len();
-            let (grads, loss, correct) = forward_backward(model, batch);
+            let (grads, loss, correct) = forward_backward(model, batch, self.rule.precision());
             let grads = GradientsParams::from_grads(grads, model);
             return Ok(StepOutput {
                 grads,
@@ -133,11 +203,13 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
                 samples,
             });
         }
+        let working = self.rule.precision().working_copy(model);
+        let working = working.as_ref().unwrap_or(model);
         let mut accumulator = Accumulator::new(model);
         for batch in batches {
-            accumulator.add(model, batch);
+            accumulator.add(working, batch, self.rule.precision());
         }
-        Ok(accumulator.finish(model))
+        accumulator.finish(model, &mut self.rule)
     }
 }
 

@@ -42,7 +42,7 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
         Self {
             model,
             optimizer,
-            step: LocalStep,
+            step: LocalStep::new(),
             train: None,
             settings: Settings {
                 schedule: LrSchedule::constant(0.01),

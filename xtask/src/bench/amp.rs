@@ -2,11 +2,11 @@
 
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
-use kiln::amp::{AmpPolicy, AmpStep, Precision};
+use kiln::amp::{AmpPolicy, MixedPrecision, Precision};
 use kiln::core::init_module;
 use kiln::data::{DataLoader, SyntheticImages};
 use kiln::resnet::{ResNetConfig, StemKind};
-use kiln::train::Trainer;
+use kiln::train::{LocalStep, Trainer};
 
 use super::Output;
 use super::workload::devices;
@@ -40,7 +40,9 @@ fn measure(
             .with_momentum(Some(MomentumConfig::new()))
             .init(),
     )
-    .gradient_step(AmpStep::new(precision).with_policy(policy.clone()))
+    .gradient_step(
+        LocalStep::new().with_precision(MixedPrecision::new(precision).with_policy(policy.clone())),
+    )
     .train_loader(
         DataLoader::builder(data.clone())
             .batch_size(batch)
@@ -60,7 +62,9 @@ fn measure(
             .with_momentum(Some(MomentumConfig::new()))
             .init(),
     )
-    .gradient_step(AmpStep::new(precision).with_policy(policy))
+    .gradient_step(
+        LocalStep::new().with_precision(MixedPrecision::new(precision).with_policy(policy)),
+    )
     .train_loader(
         DataLoader::builder(data)
             .batch_size(batch)

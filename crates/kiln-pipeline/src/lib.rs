@@ -1,0 +1,28 @@
+//! Pipeline parallelism for kiln.
+//!
+//! A model too large for one device is cut into stages, one per device, and each training
+//! step's batch into micro-batches that flow through the stages so that the devices work at
+//! once. [`schedule`] holds what each stage does, and in which order, as plain data: a
+//! [`Schedule`](schedule::Schedule) is generated (GPipe, 1F1B, interleaved 1F1B), validated,
+//! and dry-run by [`simulate`](schedule::simulate) to time it and to find deadlocks before
+//! anything runs; [`Schedule::chart`](schedule::Schedule::chart) draws the result (what
+//! `--show-schedule` prints).
+//!
+//! ```
+//! use kiln_pipeline::schedule::{bubble_formula, simulate, Costs, Schedule, ScheduleKind};
+//!
+//! // Two stages, four micro-batches; a backward takes twice as long as a forward.
+//! let schedule = Schedule::new(ScheduleKind::OneFOneB, 2, 4)?;
+//! let timeline = simulate(&schedule, &Costs::uniform(1.0, 2.0))?;
+//! println!("{}", schedule.chart(&timeline));
+//! // Each stage is idle (P − 1)/(M + P − 1) = 1/5 of the step.
+//! assert!((timeline.bubble_fraction() - 0.2).abs() < 1e-9);
+//! let formula = bubble_formula(ScheduleKind::OneFOneB, 2, 4)?;
+//! assert!((timeline.bubble_fraction() - formula).abs() < 1e-9);
+//! // Stage 0 holds the activations of at most two micro-batches at once.
+//! assert_eq!(timeline.peak_in_flight(0), 2);
+//! # Ok::<(), kiln_pipeline::schedule::ScheduleError>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod schedule;

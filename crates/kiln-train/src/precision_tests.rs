@@ -1,0 +1,170 @@
+//! One device in mixed precision and with clipping: skipped overflow steps, f16/bf16
+//! training close to f32 with f32 master weights, and the global-norm clip.
+//!
+//! Tolerance: after 60 steps, the validation loss (1024 held-out samples, f32 evaluation)
+//! of the f16/bf16 run is within 0.1 (absolute) of the f32 run's.
+
+use burn::module::Module;
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::{DType, Device};
+use kiln_amp::{AmpPolicy, GradScaler, GradScalerConfig, MixedPrecision, Precision, module_dtypes};
+use kiln_core::{FlatLayout, init_module, param_infos, read_params};
+use kiln_data::{DataLoader, SyntheticImages};
+use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+
+use crate::{LocalStep, LrSchedule, TrainReport, Trainer};
+
+fn model(device: &Device) -> ResNet {
+    init_module(device, 3, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(4)
+            .init(device)
+    })
+}
+
+fn data() -> SyntheticImages {
+    SyntheticImages::new(512, 4, 2, [3, 8, 8]).with_noise(0.5)
+}
+
+/// Trainable parameters (the forward of a skipped step still updates batch-norm statistics,
+/// as in PyTorch).
+fn params<M: Module>(model: &M) -> Vec<f32> {
+    read_params(
+        model,
+        &FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable)),
+    )
+}
+
+fn train(step: LocalStep, steps: usize, momentum: bool, lr: f64) -> (ResNet, TrainReport) {
+    let device = Device::flex().autodiff();
+    let momentum = momentum.then(|| MomentumConfig::new().with_momentum(0.9));
+    Trainer::builder(
+        model(&device),
+        SgdConfig::new().with_momentum(momentum).init(),
+    )
+    .gradient_step(step)
+    .schedule(LrSchedule::constant(lr))
+    .train_loader(
+        DataLoader::builder(data())
+            .batch_size(32)
+            .shuffle(1)
+            .device(device)
+            .build(),
+    )
+    .max_steps(steps)
+    .progress(false)
+    .log_epochs(false)
+    .build()
+    .unwrap()
+    .fit()
+    .unwrap()
+}
+
+#[test]
+fn a_planted_overflow_skips_the_step_halves_the_scale_and_leaves_parameters_unchanged() {
+    // A scale of 2^40 overflows f16 gradients (max 65504) on the first backward.
+    let scaler = GradScaler::new(GradScalerConfig {
+        init_scale: 2f32.powi(40),
+        ..GradScalerConfig::default()
+    });
+    let step =
+        LocalStep::new().with_precision(MixedPrecision::new(Precision::F16).with_scaler(scaler));
+    let stats = step.stats();
+    let before = params(&model(&Device::flex().autodiff()));
+    let (trained, _) = train(step, 1, true, 0.02);
+    assert_eq!(
+        params(&trained),
+        before,
+        "the skipped step changed nothing (not even momentum could)"
+    );
+    let stats = *stats.lock().unwrap();
+    assert_eq!((stats.steps, stats.skipped), (1, 1));
+    assert_eq!(stats.scale, 2f32.powi(39));
+}
+
+#[test]
+fn half_precision_training_reaches_the_f32_loss_with_f32_master_weights() {
+    let steps = 60;
+    let valid = |model: &ResNet| {
+        let mut loader = DataLoader::builder(data().split(1024, 9))
+            .batch_size(256)
+            .build();
+        crate::evaluate(&model.valid(), &mut loader).unwrap().loss
+    };
+    let (full_model, full) = train(LocalStep::new(), steps, true, 0.02);
+    let want = valid(&full_model);
+    assert!(
+        want < 0.3 * full.losses()[0],
+        "f32 learns: {} -> {want}",
+        full.losses()[0]
+    );
+    let variants = [
+        (Precision::F16, AmpPolicy::default()),
+        (Precision::Bf16, AmpPolicy::default()),
+        (Precision::Bf16, AmpPolicy::cast_everything()),
+    ];
+    for (precision, policy) in variants {
+        let step =
+            LocalStep::new().with_precision(MixedPrecision::new(precision).with_policy(policy));
+        let stats = step.stats();
+        let (model, _) = train(step, steps, true, 0.02);
+        let got = valid(&model);
+        assert!(
+            (got - want).abs() <= 0.1,
+            "{precision}: validation loss {got} vs f32 {want}"
+        );
+        assert!(
+            module_dtypes(&model).iter().all(|d| *d == DType::F32),
+            "{precision}: master weights are f32"
+        );
+        // Dynamic scaling may skip a step or two while the scale finds its level.
+        assert!(
+            stats.lock().unwrap().skipped <= 2,
+            "{precision}: {:?}",
+            stats.lock().unwrap()
+        );
+    }
+}
+
+/// Plain SGD moves parameters by `lr × g`: clipped, the whole step's norm is `lr × max`.
+#[test]
+fn clipping_limits_the_global_norm_of_the_update_and_spares_small_gradients() {
+    let lr = 0.5;
+    let before = params(&model(&Device::flex().autodiff()));
+    let step_norm = |step: LocalStep| {
+        let (trained, _) = train(step, 1, false, lr);
+        let after = params(&trained);
+        let squares: f64 = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum();
+        squares.sqrt() / lr
+    };
+    let unclipped = step_norm(LocalStep::new());
+    assert!(
+        unclipped > 0.2,
+        "the test needs a gradient to clip: {unclipped}"
+    );
+    let max = (unclipped / 4.0) as f32;
+    let clipped = step_norm(LocalStep::new().with_max_grad_norm(max).unwrap());
+    assert!(
+        (clipped - f64::from(max)).abs() <= 1e-3 * f64::from(max),
+        "clipped to {max}: the update's norm is {clipped}"
+    );
+    let loose = step_norm(
+        LocalStep::new()
+            .with_max_grad_norm(4.0 * unclipped as f32)
+            .unwrap(),
+    );
+    assert!(
+        (loose - unclipped).abs() <= 1e-4 * unclipped,
+        "a norm below the limit is untouched: {loose} vs {unclipped}"
+    );
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let err = LocalStep::new().with_max_grad_norm(bad).unwrap_err();
+        assert!(err.to_string().contains("maximum gradient norm"), "{err}");
+    }
+}
