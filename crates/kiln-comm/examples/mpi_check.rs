@@ -13,30 +13,12 @@ use std::time::Duration;
 use half::{bf16, f16};
 use kiln_comm::{CommWorker, Communicator, MpiCommunicator, ReduceBuffer, ReduceOp};
 
+#[path = "../src/check_inputs.rs"]
+mod check_inputs;
+
+use check_inputs::{input, reference};
+
 const LENGTHS: [usize; 6] = [0, 1, 2, 7, 1009, 100_003];
-
-fn input(rank: usize, len: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.25 - 12.0)
-        .collect()
-}
-
-fn reference(world: usize, len: usize, op: ReduceOp) -> Vec<f32> {
-    let mut acc = input(0, len);
-    for rank in 1..world {
-        for (a, v) in acc.iter_mut().zip(input(rank, len)) {
-            *a = match op {
-                ReduceOp::Sum | ReduceOp::Mean => *a + v,
-                ReduceOp::Max => a.max(v),
-                ReduceOp::Min => a.min(v),
-            };
-        }
-    }
-    if op == ReduceOp::Mean {
-        acc.iter_mut().for_each(|a| *a /= world as f32);
-    }
-    acc
-}
 
 fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
     let (rank, world) = (comm.rank(), comm.world_size());

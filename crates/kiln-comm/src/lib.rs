@@ -48,6 +48,8 @@
 #![warn(missing_docs)]
 
 mod buffer;
+#[cfg(test)]
+mod check_inputs;
 mod communicator;
 mod device;
 mod element;

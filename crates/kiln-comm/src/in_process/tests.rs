@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 use proptest::prelude::*;
 
+use crate::check_inputs::{input, reference};
 use crate::{CommError, Communicator, InProcessGroup, ReduceOp};
 
 const LENGTHS: [usize; 7] = [0, 1, 2, 7, 31, 1009, 100_003];
@@ -30,30 +31,6 @@ fn run<R: Send + 'static>(
         .into_iter()
         .map(|h| h.join().expect("rank panicked"))
         .collect()
-}
-
-/// Rank `r`'s deterministic input of length `len`.
-fn input(rank: usize, len: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * 31 + rank * 17) % 97) as f32 * 0.25 - 12.0)
-        .collect()
-}
-
-fn reference(world: usize, len: usize, op: ReduceOp) -> Vec<f32> {
-    let mut acc = input(0, len);
-    for rank in 1..world {
-        for (a, v) in acc.iter_mut().zip(input(rank, len)) {
-            *a = match op {
-                ReduceOp::Sum | ReduceOp::Mean => *a + v,
-                ReduceOp::Max => a.max(v),
-                ReduceOp::Min => a.min(v),
-            };
-        }
-    }
-    if op == ReduceOp::Mean {
-        acc.iter_mut().for_each(|a| *a /= world as f32);
-    }
-    acc
 }
 
 #[test]
