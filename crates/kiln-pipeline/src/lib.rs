@@ -25,4 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod runtime;
 pub mod schedule;
+
+pub use runtime::{Pipeline, PipelineConfig, PipelineError, PipelineReport, StageReport};

@@ -1,0 +1,99 @@
+//! What a pipeline run is asked to do, and its checks.
+
+use std::time::Duration;
+
+use crate::runtime::PipelineError;
+use crate::schedule::ScheduleKind;
+
+/// Options of a pipeline run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineConfig {
+    /// The schedule: GPipe, 1F1B or interleaved 1F1B.
+    pub schedule: ScheduleKind,
+    /// Micro-batches each batch is cut into (M). A batch of B samples gives micro-batches of
+    /// ⌈B/M⌉ and ⌊B/M⌋ samples (the larger first); gradients are weighted by each
+    /// micro-batch's size, so the step is exactly the mean over the batch whatever the cut.
+    pub micro_batches: usize,
+    /// Segments of each virtual stage, in model order (`None`: as even as possible). With
+    /// interleaving there are `stages × chunks` virtual stages: virtual stage `c·P + d` is
+    /// chunk `c` of stage `d`.
+    pub split: Option<Vec<usize>>,
+    /// The longest a stage waits for a message before the run fails.
+    pub timeout: Duration,
+    /// Compute threads of each stage's own pool (`None`: the cores divided among stages).
+    pub threads_per_stage: Option<usize>,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            schedule: ScheduleKind::OneFOneB,
+            micro_batches: 4,
+            split: None,
+            timeout: Duration::from_secs(300),
+            threads_per_stage: None,
+        }
+    }
+}
+
+impl PipelineConfig {
+    /// The number of segments of each virtual stage, for a model of `segments` segments on
+    /// `stages` stages.
+    ///
+    /// # Errors
+    /// [`PipelineError::Config`] if there are more virtual stages than segments, or the
+    /// given split does not cover the model with non-empty stages.
+    pub fn segments_per_virtual_stage(
+        &self,
+        segments: usize,
+        stages: usize,
+    ) -> Result<Vec<usize>, PipelineError> {
+        let virtual_stages = stages * self.schedule.chunks();
+        if virtual_stages > segments {
+            return Err(PipelineError::Config(format!(
+                "{virtual_stages} virtual stages ({stages} stages x {} chunks) for a model of {segments} segments: every stage needs at least one segment",
+                self.schedule.chunks()
+            )));
+        }
+        match &self.split {
+            None => Ok((0..virtual_stages)
+                .map(|v| segments / virtual_stages + usize::from(v < segments % virtual_stages))
+                .collect()),
+            Some(split) => {
+                if split.len() != virtual_stages {
+                    return Err(PipelineError::Config(format!(
+                        "the split names {} virtual stages, the schedule has {virtual_stages}",
+                        split.len()
+                    )));
+                }
+                if split.contains(&0) || split.iter().sum::<usize>() != segments {
+                    return Err(PipelineError::Config(format!(
+                        "the split {split:?} must give every virtual stage at least one segment and cover all {segments} segments"
+                    )));
+                }
+                Ok(split.clone())
+            }
+        }
+    }
+
+    /// Checks the options that do not depend on the model.
+    pub(crate) fn validate(&self) -> Result<(), PipelineError> {
+        if self.micro_batches == 0 {
+            return Err(PipelineError::Config(
+                "micro_batches must be at least 1".into(),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(PipelineError::Config(
+                "timeout must be longer than zero".into(),
+            ));
+        }
+        if self.threads_per_stage == Some(0) {
+            return Err(PipelineError::Config(
+                "threads_per_stage must be at least 1 (None: the cores divided among stages)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,62 @@
+//! Why a pipeline run stopped.
+
+use std::time::Duration;
+
+use crate::schedule::ScheduleError;
+
+/// Why a pipeline run stopped. Every stage stops in bounded time: a failed stage's peers
+/// see it gone (or time out) and report [`PipelineError::PeerLost`]; the run reports the
+/// root cause.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The configuration cannot run (the message says why).
+    #[error("invalid pipeline configuration: {0}")]
+    Config(String),
+    /// The schedule cannot be built for this shape.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// A batch could not be loaded.
+    #[error("data: {0}")]
+    Data(#[from] kiln_data::DataError),
+    /// A stage failed (its own error, or a panic).
+    #[error("stage {stage} failed: {message}")]
+    Stage {
+        /// The stage.
+        stage: usize,
+        /// What happened.
+        message: String,
+    },
+    /// A stage waited longer than the timeout for a message.
+    #[error("stage {stage} waited {waited:?} for {what}: a peer is stuck or gone")]
+    Timeout {
+        /// The waiting stage.
+        stage: usize,
+        /// What it waited for.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// A stage's peer stopped (because it failed).
+    #[error("stage {stage} lost its peers while waiting for {what}")]
+    PeerLost {
+        /// The waiting stage.
+        stage: usize,
+        /// What it waited for.
+        what: String,
+    },
+    /// The loss is NaN or infinite.
+    #[error("the loss is not finite at step {step} ({loss})")]
+    NonFiniteLoss {
+        /// The step.
+        step: usize,
+        /// The loss.
+        loss: f32,
+    },
+}
+
+impl PipelineError {
+    /// Whether this error only reports another stage's failure.
+    pub(crate) fn is_consequence(&self) -> bool {
+        matches!(self, PipelineError::PeerLost { .. })
+    }
+}

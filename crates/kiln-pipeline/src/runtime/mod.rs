@@ -1,0 +1,17 @@
+//! Training a [`Segmented`](kiln_core::Segmented) model as a pipeline of stages, each in its
+//! own thread on its own device entry, following a [`Schedule`](crate::schedule::Schedule).
+
+mod config;
+mod empty;
+mod error;
+mod mailbox;
+mod stage;
+mod train;
+mod worker;
+
+pub use config::PipelineConfig;
+pub use error::PipelineError;
+pub use train::{Pipeline, PipelineReport, StageReport};
+
+#[cfg(test)]
+mod tests;

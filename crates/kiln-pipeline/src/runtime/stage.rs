@@ -1,0 +1,205 @@
+//! One stage's share of the model: its chunks of segments, their forward and backward, and
+//! its gradients.
+
+use std::collections::HashSet;
+use std::ops::Range;
+
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::{Gradients, Int, Tensor};
+use kiln_core::{
+    Activation, FlatLayout, GradWriter, ImageClassifier, SegmentId, Segmented, grads_from_flat,
+    param_infos, segment_param_infos,
+};
+use kiln_train::{classification_loss, count_correct};
+
+use crate::runtime::PipelineError;
+use crate::runtime::empty::{float_bytes, keep_only};
+
+/// What a chunk's forward left for its backward.
+pub(crate) struct Forwarded<H> {
+    /// The chunk's input leaf (its gradient goes to the previous virtual stage).
+    input: Option<H>,
+    /// The chunk's output, or the loss on the last virtual stage.
+    output: Output<H>,
+}
+
+enum Output<H> {
+    Hidden(H),
+    Loss(Box<Tensor<1>>),
+}
+
+impl<H: Clone> Forwarded<H> {
+    /// The output to pass to the next virtual stage (a value, without the graph it
+    /// keeps here for backward); none for the loss.
+    pub(crate) fn output_for_next(&self) -> Option<H> {
+        match &self.output {
+            Output::Hidden(hidden) => Some(hidden.clone()),
+            Output::Loss(_) => None,
+        }
+    }
+}
+
+/// What flows into a chunk.
+pub(crate) enum Input<H> {
+    Images(Box<Tensor<4>>),
+    Hidden(H),
+}
+
+/// A stage: the model with only its segments' parameters, and their summed gradients.
+pub(crate) struct Stage<M> {
+    pub model: M,
+    segments: Vec<SegmentId>,
+    /// Segment indices of each chunk (chunk `c` is virtual stage `c·P + stage`).
+    chunks: Vec<Range<usize>>,
+    layout: FlatLayout,
+    flat: Vec<f32>,
+    /// Bytes of the stage's parameters and buffers as held.
+    pub param_bytes: usize,
+}
+
+impl<M> Stage<M> {
+    /// The trainable parameters' layout (for reading the trained values).
+    pub(crate) fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+}
+
+impl<M> Stage<M>
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+{
+    /// The stage of `model` owning the segments of `chunks`; every other parameter is
+    /// emptied.
+    pub(crate) fn new(model: M, chunks: Vec<Range<usize>>) -> Self {
+        let segments = model.segments();
+        let keep: HashSet<_> = chunks
+            .iter()
+            .flat_map(|range| range.clone())
+            .flat_map(|index| segment_param_infos(&model, segments[index]))
+            .map(|info| info.id)
+            .collect();
+        // Whole-model paths (a segment's own paths are relative to it).
+        let layout = FlatLayout::new(
+            param_infos(&model)
+                .into_iter()
+                .filter(|info| info.trainable && keep.contains(&info.id)),
+        );
+        let model = keep_only(model, &keep);
+        let param_bytes = float_bytes(&model);
+        Self {
+            model,
+            segments,
+            chunks,
+            flat: vec![0.0; layout.len()],
+            layout,
+            param_bytes,
+        }
+    }
+
+    /// Runs chunk `chunk`'s segments on `input`; on the model's last segment, the loss
+    /// against `labels` (returns its value and correct predictions too).
+    pub(crate) fn forward(
+        &self,
+        chunk: usize,
+        input: Input<M::Hidden>,
+        labels: Option<Tensor<1, Int>>,
+    ) -> (Forwarded<M::Hidden>, Option<(f32, usize)>) {
+        let mut leaf = None;
+        let mut hidden = match input {
+            Input::Images(images) => {
+                let first = self.chunks[chunk].start;
+                debug_assert_eq!(self.segments[first], SegmentId::Input);
+                Some(self.model.forward_input(*images))
+            }
+            Input::Hidden(hidden) => {
+                let cut = hidden.detach_boundary();
+                leaf = Some(cut.clone());
+                Some(cut)
+            }
+        };
+        let range = self.chunks[chunk].clone();
+        let skip_input = leaf.is_none();
+        for index in range {
+            match self.segments[index] {
+                SegmentId::Input if skip_input => {}
+                SegmentId::Input => unreachable!("the input segment starts the model"),
+                SegmentId::Middle(k) => {
+                    hidden = Some(
+                        self.model
+                            .forward_middle(k, hidden.expect("a hidden state")),
+                    );
+                }
+                SegmentId::Output => {
+                    let logits = self
+                        .model
+                        .forward_output(hidden.take().expect("a hidden state"));
+                    let labels = labels.expect("the last stage has the labels");
+                    let loss = classification_loss(logits.clone(), labels.clone());
+                    let value = loss.clone().into_scalar::<f32>();
+                    let correct = count_correct(logits.detach(), labels);
+                    let forwarded = Forwarded {
+                        input: leaf,
+                        output: Output::Loss(Box::new(loss)),
+                    };
+                    return (forwarded, Some((value, correct)));
+                }
+            }
+        }
+        let forwarded = Forwarded {
+            input: leaf,
+            output: Output::Hidden(hidden.expect("a chunk has segments")),
+        };
+        (forwarded, None)
+    }
+
+    /// Backward of chunk `chunk` from its output's gradient `upstream` (none on the last
+    /// virtual stage), adding its parameters' gradients × `weight`; returns the gradient of
+    /// its input.
+    pub(crate) fn backward(
+        &mut self,
+        stage: usize,
+        chunk: usize,
+        forwarded: Forwarded<M::Hidden>,
+        upstream: Option<M::Hidden>,
+        weight: f32,
+    ) -> Result<Option<M::Hidden>, PipelineError> {
+        let mut grads: Gradients = match (forwarded.output, upstream) {
+            (Output::Loss(loss), _) => loss.backward(),
+            (Output::Hidden(output), Some(upstream)) => output.backward_with(upstream),
+            (Output::Hidden(_), None) => unreachable!("the schedule receives a gradient first"),
+        };
+        let input_grad = match &forwarded.input {
+            Some(leaf) => Some(leaf.boundary_grad(&grads).ok_or_else(|| PipelineError::Stage {
+                stage,
+                message: format!(
+                    "chunk {chunk}: its output does not depend on its input (no gradient reaches the boundary)"
+                ),
+            })?),
+            None => None,
+        };
+        for index in self.chunks[chunk].clone() {
+            self.model.visit_segment(
+                self.segments[index],
+                &mut GradWriter {
+                    grads: &mut grads,
+                    layout: &self.layout,
+                    flat: &mut self.flat,
+                    scale: weight,
+                    accumulate: true,
+                },
+            );
+        }
+        Ok(input_grad)
+    }
+
+    /// Divides the summed gradients by `samples`, lets `optimizer` update the stage's
+    /// parameters at `lr`, and clears the sums.
+    pub(crate) fn step(mut self, optimizer: &mut ModuleOptimizer, lr: f64, samples: usize) -> Self {
+        let scale = 1.0 / samples.max(1) as f32;
+        self.flat.iter_mut().for_each(|g| *g *= scale);
+        let grads: GradientsParams = grads_from_flat(&self.model, &self.layout, &self.flat);
+        self.model = optimizer.step(lr, self.model, grads);
+        self.flat.iter_mut().for_each(|g| *g = 0.0);
+        self
+    }
+}

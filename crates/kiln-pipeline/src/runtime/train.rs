@@ -1,0 +1,415 @@
+//! The driver: builds the stages, cuts batches into micro-batches, runs the steps.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Device, Tensor};
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use kiln_core::{ImageClassifier, Segmented, read_params};
+use kiln_data::{DataLoader, ImageBatch};
+use kiln_train::LrSchedule;
+
+use crate::runtime::mailbox::{Abort, Mailbox};
+use crate::runtime::stage::Stage;
+use crate::runtime::worker::{Links, StepData, StepDone, run_stage};
+use crate::runtime::{PipelineConfig, PipelineError};
+use crate::schedule::Schedule;
+
+/// What one stage held and did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageReport {
+    /// Segment indices (in [`Segmented::segments`] order) of each of its chunks.
+    pub segments: Vec<Range<usize>>,
+    /// Bytes of the parameters and buffers the stage holds.
+    pub param_bytes: usize,
+    /// The most micro-batch activations (counting each chunk) it held at once.
+    pub peak_in_flight: usize,
+    /// Fraction of the step time it computed, averaged over steps after the first.
+    pub busy_fraction: f64,
+}
+
+/// What a pipeline run did, and the trained parameters.
+#[derive(Debug, Clone)]
+pub struct PipelineReport {
+    /// Mean loss of every step.
+    pub losses: Vec<f32>,
+    /// Per stage.
+    pub stages: Vec<StageReport>,
+    /// Mean step time after the first step.
+    pub step_time: Duration,
+    /// The trained trainable parameters, by path.
+    pub params: HashMap<String, Vec<f32>>,
+}
+
+impl PipelineReport {
+    /// The measured bubble: the fraction of the step the stages were idle, averaged.
+    pub fn bubble_fraction(&self) -> f64 {
+        let stages = self.stages.len().max(1) as f64;
+        1.0 - self.stages.iter().map(|s| s.busy_fraction).sum::<f64>() / stages
+    }
+}
+
+/// A pipeline over one device entry per stage.
+///
+/// ```
+/// use burn::optim::SgdConfig;
+/// use burn::tensor::Device;
+/// use kiln_data::{DataLoader, SyntheticImages};
+/// use kiln_pipeline::{Pipeline, PipelineConfig, schedule::ScheduleKind};
+/// use kiln_resnet::{ResNetConfig, StemKind};
+/// use kiln_train::LrSchedule;
+///
+/// let build = |device: &Device| {
+///     kiln_core::init_module(device, 7, || {
+///         ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(device)
+///     })
+/// };
+/// let mut loader = DataLoader::builder(SyntheticImages::new(32, 4, 1, [3, 8, 8]))
+///     .batch_size(8)
+///     .device(Device::flex().autodiff())
+///     .build();
+/// let config = PipelineConfig { schedule: ScheduleKind::OneFOneB, micro_batches: 4, ..PipelineConfig::default() };
+/// let report = Pipeline::new(vec![Device::flex(); 2])
+///     .config(config)
+///     .train(build, || SgdConfig::new().init(), &LrSchedule::constant(0.05), &mut loader, 2)?;
+/// assert_eq!(report.losses.len(), 2);
+/// assert!(report.stages.iter().all(|s| s.peak_in_flight <= 2), "1F1B holds at most P");
+/// # Ok::<(), kiln_pipeline::PipelineError>(())
+/// ```
+pub struct Pipeline {
+    devices: Vec<Device>,
+    config: PipelineConfig,
+}
+
+impl Pipeline {
+    /// One stage per entry of `devices` (CPU entries may repeat: stages are threads).
+    pub fn new(devices: Vec<Device>) -> Self {
+        Self {
+            devices,
+            config: PipelineConfig::default(),
+        }
+    }
+
+    /// Uses `config`.
+    pub fn config(mut self, config: PipelineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Trains the model `build` makes (called once per stage, on its device: build it
+    /// under `kiln_core::init_module` so every call gives the same model) for `steps`
+    /// steps of `loader`'s batches, each cut into micro-batches, with one `optimizer` (made
+    /// by the factory) per stage.
+    ///
+    /// # Errors
+    /// A bad configuration, a schedule that cannot be built, a loader error, or a stage
+    /// that fails (the root cause, reported once every stage stopped).
+    pub fn train<M, B, O>(
+        &self,
+        build: B,
+        optimizer: O,
+        schedule: &LrSchedule,
+        loader: &mut DataLoader,
+        steps: usize,
+    ) -> Result<PipelineReport, PipelineError>
+    where
+        M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+        B: Fn(&Device) -> M + Sync,
+        O: Fn() -> ModuleOptimizer + Sync,
+    {
+        self.config.validate()?;
+        let stages = self.devices.len();
+        if stages == 0 {
+            return Err(PipelineError::Config(
+                "a pipeline needs at least one device".into(),
+            ));
+        }
+        let plan = Schedule::new(self.config.schedule, stages, self.config.micro_batches)?;
+        let segments = build(&self.devices[0].clone().autodiff()).segments().len();
+        let split = self.config.segments_per_virtual_stage(segments, stages)?;
+        let chunks = chunk_ranges(&split, &plan);
+        let threads = self
+            .config
+            .threads_per_stage
+            .unwrap_or_else(|| (rayon::current_num_threads() / stages).max(1));
+
+        let (senders, inboxes): (Vec<_>, Vec<_>) = (0..stages).map(|_| unbounded()).unzip();
+        let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
+            (0..stages).map(|_| bounded(1)).unzip();
+        let (done_sender, done_receiver) = unbounded();
+        let abort = Abort::default();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = inboxes
+                .into_iter()
+                .zip(step_receivers)
+                .enumerate()
+                .map(|(index, (inbox, steps))| {
+                    let links = Links {
+                        mailbox: Mailbox::new(index, inbox, self.config.timeout, abort.clone()),
+                        peers: senders.clone(),
+                    };
+                    let abort = abort.clone();
+                    let (device, done) =
+                        (self.devices[index].clone().autodiff(), done_sender.clone());
+                    let (build, optimizer, plan, chunks) =
+                        (&build, &optimizer, &plan, chunks[index].clone());
+                    std::thread::Builder::new()
+                        .name(format!("kiln-stage-{index}"))
+                        .spawn_scoped(scope, move || {
+                            let pool = rayon::ThreadPoolBuilder::new()
+                                .num_threads(threads)
+                                .thread_name(move |i| format!("kiln-stage-{index}-compute-{i}"))
+                                .build()
+                                .map_err(|err| PipelineError::Stage {
+                                    stage: index,
+                                    message: err.to_string(),
+                                })?;
+                            // A failing stage raises the abort flag, so that its peers stop
+                            // waiting for it at once.
+                            let run =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    pool.install(|| {
+                                        let stage = Stage::new(build(&device), chunks);
+                                        run_stage(
+                                            index,
+                                            stage,
+                                            plan,
+                                            optimizer(),
+                                            links,
+                                            steps,
+                                            done,
+                                        )
+                                    })
+                                }));
+                            let result = run.unwrap_or_else(|panic| {
+                                Err(PipelineError::Stage {
+                                    stage: index,
+                                    message: panic_message(&*panic),
+                                })
+                            });
+                            if result.is_err() {
+                                abort.raise();
+                            }
+                            result
+                        })
+                        .expect("spawning a stage thread")
+                })
+                .collect();
+            drop((senders, done_sender));
+            let to_stages = ToStages {
+                step_senders: &step_senders,
+                done: &done_receiver,
+                abort: &abort,
+            };
+            let driven = drive(&self.config, schedule, loader, steps, &to_stages);
+            if driven.is_err() {
+                abort.raise();
+            }
+            drop(step_senders);
+            let mut results = Vec::with_capacity(stages);
+            for (index, handle) in handles.into_iter().enumerate() {
+                results.push(handle.join().unwrap_or_else(|panic| {
+                    Err(PipelineError::Stage {
+                        stage: index,
+                        message: panic_message(&*panic),
+                    })
+                }));
+            }
+            finish(driven, results, &chunks)
+        })
+    }
+}
+
+/// Segment ranges of each stage's chunks, from the segments per virtual stage.
+fn chunk_ranges(split: &[usize], plan: &Schedule) -> Vec<Vec<Range<usize>>> {
+    let mut starts = Vec::with_capacity(split.len());
+    let mut next = 0;
+    for count in split {
+        starts.push(next..next + count);
+        next += count;
+    }
+    (0..plan.stages())
+        .map(|stage| {
+            (0..plan.chunks())
+                .map(|chunk| starts[plan.virtual_stage(stage, chunk)].clone())
+                .collect()
+        })
+        .collect()
+}
+
+/// The driver's ends of the stages' channels.
+struct ToStages<'a> {
+    step_senders: &'a [Sender<StepData>],
+    done: &'a Receiver<StepDone>,
+    abort: &'a Abort,
+}
+
+/// What the driver measured.
+#[derive(Default)]
+struct Driven {
+    losses: Vec<f32>,
+    busy: Vec<Duration>,
+    peak: Vec<usize>,
+    step_time: Duration,
+}
+
+/// Feeds the stages step after step and collects their reports.
+fn drive(
+    config: &PipelineConfig,
+    schedule: &LrSchedule,
+    loader: &mut DataLoader,
+    steps: usize,
+    to_stages: &ToStages<'_>,
+) -> Result<Driven, PipelineError> {
+    let &ToStages {
+        step_senders,
+        done,
+        abort,
+    } = to_stages;
+    let stages = step_senders.len();
+    let mut driven = Driven {
+        losses: Vec::with_capacity(steps),
+        busy: vec![Duration::ZERO; stages],
+        peak: vec![0; stages],
+        step_time: Duration::ZERO,
+    };
+    let mut epoch = 0;
+    let mut batches = loader.epoch(epoch);
+    for step in 0..steps {
+        let batch = match batches.next() {
+            Some(batch) => batch?,
+            None => {
+                epoch += 1;
+                batches = loader.epoch(epoch);
+                batches
+                    .next()
+                    .ok_or_else(|| PipelineError::Config("the loader gives no batches".into()))??
+            }
+        };
+        let micro_batches = cut(batch, config.micro_batches)?;
+        let samples: usize = micro_batches.iter().map(|b| b.indices.len()).sum();
+        let start = Instant::now();
+        for sender in step_senders {
+            let data = StepData {
+                lr: schedule.lr(step),
+                micro_batches: micro_batches.clone(),
+            };
+            if sender.send(data).is_err() {
+                return Err(PipelineError::PeerLost {
+                    stage: stages,
+                    what: "a stage to take the step".into(),
+                });
+            }
+        }
+        let mut loss_sum = 0.0;
+        for _ in 0..stages {
+            let report = abort
+                .recv(done, config.timeout)
+                .map_err(|_| PipelineError::PeerLost {
+                    stage: stages,
+                    what: "a stage's step report".into(),
+                })?;
+            loss_sum += report.loss_sum;
+            if step > 0 || steps == 1 {
+                driven.busy[report.stage] += report.busy;
+            }
+            driven.peak[report.stage] = driven.peak[report.stage].max(report.peak_in_flight);
+        }
+        if step > 0 || steps == 1 {
+            driven.step_time += start.elapsed();
+        }
+        let loss = (loss_sum / samples.max(1) as f64) as f32;
+        if !loss.is_finite() {
+            return Err(PipelineError::NonFiniteLoss { step, loss });
+        }
+        driven.losses.push(loss);
+    }
+    Ok(driven)
+}
+
+/// `batch` cut into `count` micro-batches along the batch dimension (sizes differ by at most
+/// one, larger first).
+fn cut(batch: ImageBatch, count: usize) -> Result<Vec<ImageBatch>, PipelineError> {
+    let size = batch.indices.len();
+    if size < count {
+        return Err(PipelineError::Config(format!(
+            "a batch of {size} samples cannot be cut into {count} micro-batches"
+        )));
+    }
+    let mut start = 0;
+    Ok((0..count)
+        .map(|m| {
+            let len = size / count + usize::from(m < size % count);
+            let range = start..start + len;
+            start += len;
+            ImageBatch {
+                images: batch.images.clone().slice([range.clone()]),
+                labels: batch.labels.clone().slice([range.clone()]),
+                indices: batch.indices[range].to_vec(),
+            }
+        })
+        .collect())
+}
+
+/// The report, or the root cause of a failure (a stage's own error before the errors of
+/// stages that only lost it).
+fn finish<M: ImageClassifier>(
+    driven: Result<Driven, PipelineError>,
+    results: Vec<Result<Stage<M>, PipelineError>>,
+    chunks: &[Vec<Range<usize>>],
+) -> Result<PipelineReport, PipelineError> {
+    let mut errors = Vec::new();
+    let mut trained = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            Ok(stage) => trained.push(stage),
+            Err(err) => errors.push(err),
+        }
+    }
+    let driven = match driven {
+        Ok(driven) if errors.is_empty() => driven,
+        Ok(_) => Driven::default(),
+        Err(err) => {
+            errors.push(err);
+            Driven::default()
+        }
+    };
+    if !errors.is_empty() {
+        let root = errors.iter().position(|e| !e.is_consequence()).unwrap_or(0);
+        return Err(errors.swap_remove(root));
+    }
+    let steps_timed = driven.losses.len().saturating_sub(1).max(1) as u32;
+    let step_time = driven.step_time / steps_timed;
+    let mut params = HashMap::new();
+    let mut stages = Vec::with_capacity(trained.len());
+    for (index, stage) in trained.into_iter().enumerate() {
+        let flat = read_params(&stage.model, stage.layout());
+        for entry in stage.layout().entries() {
+            let values = flat[entry.offset..entry.offset + entry.info.numel()].to_vec();
+            params.insert(entry.info.path.clone(), values);
+        }
+        let busy = driven.busy[index] / steps_timed;
+        stages.push(StageReport {
+            segments: chunks[index].clone(),
+            param_bytes: stage.param_bytes,
+            peak_in_flight: driven.peak[index],
+            busy_fraction: busy.as_secs_f64() / step_time.as_secs_f64().max(1e-12),
+        });
+    }
+    Ok(PipelineReport {
+        losses: driven.losses,
+        stages,
+        step_time,
+        params,
+    })
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
+}

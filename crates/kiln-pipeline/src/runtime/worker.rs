@@ -1,0 +1,178 @@
+//! One stage's thread: runs its actions of the schedule, step after step.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use burn::optim::ModuleOptimizer;
+use burn::tensor::Tensor;
+use crossbeam_channel::{Receiver, Sender};
+use kiln_core::{ImageClassifier, Segmented};
+use kiln_data::ImageBatch;
+
+use crate::runtime::PipelineError;
+use crate::runtime::mailbox::{Carries, Mailbox, Message};
+use crate::runtime::stage::{Forwarded, Input, Stage};
+use crate::schedule::{Action, Schedule};
+
+/// What the driver hands every stage for one step.
+pub(crate) struct StepData {
+    /// The learning rate of this step.
+    pub lr: f64,
+    /// The step's micro-batches (every stage uses their sizes; the first stage their
+    /// images, the last their labels).
+    pub micro_batches: Vec<ImageBatch>,
+}
+
+/// What a stage reports after a step.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StepDone {
+    pub stage: usize,
+    /// Loss summed over samples, correct predictions (the last stage only).
+    pub loss_sum: f64,
+    pub correct: usize,
+    /// Time spent in forward and backward.
+    pub busy: Duration,
+    /// The most micro-batches (counting each chunk) whose forward had run and backward not.
+    pub peak_in_flight: usize,
+}
+
+/// A stage's links: its mailbox and a sender to every stage.
+pub(crate) struct Links<H> {
+    pub mailbox: Mailbox<H>,
+    pub peers: Vec<Sender<Message<H>>>,
+}
+
+/// Runs `stage`'s part of `schedule` for every step the driver sends, until it stops
+/// sending; returns the trained stage.
+pub(crate) fn run_stage<M>(
+    index: usize,
+    mut stage: Stage<M>,
+    schedule: &Schedule,
+    mut optimizer: ModuleOptimizer,
+    mut links: Links<M::Hidden>,
+    steps: Receiver<StepData>,
+    done: Sender<StepDone>,
+) -> Result<Stage<M>, PipelineError>
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+{
+    let stages = schedule.stages();
+    let last_virtual = schedule.virtual_stages() - 1;
+    while let Ok(data) = steps.recv() {
+        let sizes: Vec<usize> = data.micro_batches.iter().map(|b| b.indices.len()).collect();
+        let samples: usize = sizes.iter().sum();
+        let mut report = StepDone {
+            stage: index,
+            ..StepDone::default()
+        };
+        // Outputs waiting to be sent or handed to this stage's next chunk, inputs received,
+        // forward state kept for backward, and gradients of chunk inputs.
+        let mut outputs: HashMap<(usize, usize), M::Hidden> = HashMap::new();
+        let mut forwarded: HashMap<(usize, usize), Forwarded<M::Hidden>> = HashMap::new();
+        let mut input_grads: HashMap<(usize, usize), M::Hidden> = HashMap::new();
+        let mut in_flight = 0usize;
+        for action in schedule.actions(index) {
+            match *action {
+                Action::Forward { micro, chunk } => {
+                    let virtual_stage = schedule.virtual_stage(index, chunk);
+                    let input = if virtual_stage == 0 {
+                        Input::Images(Box::new(data.micro_batches[micro].images.clone()))
+                    } else if let Some(hidden) = outputs.remove(&(micro, virtual_stage - 1)) {
+                        Input::Hidden(hidden) // the previous chunk is on this stage
+                    } else {
+                        Input::Hidden(links.mailbox.take(
+                            Carries::Activation,
+                            micro,
+                            virtual_stage,
+                        )?)
+                    };
+                    let labels = (virtual_stage == last_virtual)
+                        .then(|| data.micro_batches[micro].labels.clone());
+                    let start = Instant::now();
+                    let (state, loss) = stage.forward(chunk, input, labels);
+                    report.busy += start.elapsed();
+                    if let Some((loss, correct)) = loss {
+                        report.loss_sum += f64::from(loss) * sizes[micro] as f64;
+                        report.correct += correct;
+                    }
+                    if let Some(output) = state.output_for_next() {
+                        outputs.insert((micro, virtual_stage), output);
+                    }
+                    forwarded.insert((micro, chunk), state);
+                    in_flight += 1;
+                    report.peak_in_flight = report.peak_in_flight.max(in_flight);
+                }
+                Action::SendActivation { micro, chunk, to } => {
+                    let from = schedule.virtual_stage(index, chunk);
+                    let value = outputs
+                        .remove(&(micro, from))
+                        .expect("sent after its forward");
+                    send(
+                        &links.peers[to],
+                        Carries::Activation,
+                        micro,
+                        from + 1,
+                        value,
+                    );
+                }
+                Action::RecvActivation { .. } | Action::RecvGradient { .. } => {
+                    // Taken from the mailbox when the compute needs it (messages may arrive
+                    // in any order; the mailbox holds the early ones).
+                }
+                Action::Backward { micro, chunk } => {
+                    let virtual_stage = schedule.virtual_stage(index, chunk);
+                    let upstream = if virtual_stage == last_virtual {
+                        None
+                    } else if let Some(grad) = input_grads.remove(&(micro, virtual_stage + 1)) {
+                        Some(grad) // the next chunk is on this stage
+                    } else {
+                        Some(
+                            links
+                                .mailbox
+                                .take(Carries::Gradient, micro, virtual_stage)?,
+                        )
+                    };
+                    let state = forwarded
+                        .remove(&(micro, chunk))
+                        .expect("forward ran first");
+                    let start = Instant::now();
+                    let grad =
+                        stage.backward(index, chunk, state, upstream, sizes[micro] as f32)?;
+                    report.busy += start.elapsed();
+                    in_flight -= 1;
+                    if let Some(grad) = grad {
+                        input_grads.insert((micro, virtual_stage), grad);
+                    }
+                }
+                Action::SendGradient { micro, chunk, to } => {
+                    let from = schedule.virtual_stage(index, chunk);
+                    let value = input_grads
+                        .remove(&(micro, from))
+                        .expect("sent after its backward");
+                    send(&links.peers[to], Carries::Gradient, micro, from - 1, value);
+                }
+                Action::ReduceGradients => {
+                    // One pipeline: nothing to reduce (data-parallel groups reduce here).
+                }
+                Action::OptimizerStep => {
+                    stage = stage.step(&mut optimizer, data.lr, samples);
+                }
+            }
+        }
+        debug_assert!(stages > 0);
+        if done.send(report).is_err() {
+            break; // the driver stopped
+        }
+    }
+    Ok(stage)
+}
+
+/// Sends `value` to a peer; a peer that is gone shows up as its own error on the driver.
+fn send<H>(peer: &Sender<Message<H>>, carries: Carries, micro: usize, to: usize, value: H) {
+    let _ = peer.send(Message {
+        carries,
+        micro,
+        to,
+        value,
+    });
+}
