@@ -26,5 +26,6 @@ pub use kiln_comm as comm;
 pub use kiln_core as core;
 pub use kiln_data as data;
 pub use kiln_ddp as ddp;
+pub use kiln_pipeline as pipeline;
 pub use kiln_resnet as resnet;
 pub use kiln_train as train;

@@ -159,6 +159,19 @@ pub struct Args {
     /// Default: the machine's cores divided among this process's replicas.
     #[arg(long, value_parser = positive())]
     pub threads: Option<usize>,
+    /// Pipeline parallelism: cut the model into this many stages, one per --devices entry
+    /// (CPU entries may repeat: stages are threads), instead of data-parallel replicas.
+    #[arg(long, value_parser = positive())]
+    pub pipeline: Option<usize>,
+    /// Micro-batches each batch is cut into (with --pipeline).
+    #[arg(long, default_value_t = 4, value_parser = positive())]
+    pub micro_batches: usize,
+    /// Pipeline schedule: gpipe, 1f1b, or interleaved[:V] (V chunks per stage, default 2).
+    #[arg(long, default_value = "1f1b")]
+    pub schedule: kiln::pipeline::schedule::ScheduleKind,
+    /// Print the pipeline schedule as a time x stage chart before training.
+    #[arg(long)]
+    pub show_schedule: bool,
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -177,6 +190,44 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
             "--local-sgd and --sync-bn conflict: synchronised batch norm needs replicas in step"
                 .into(),
         );
+    }
+    if args.pipeline.is_some() {
+        // The pipeline runtime trains one pipeline in this process, in f32 (data-parallel
+        // groups, MPI stages and mixed precision come next).
+        let unsupported = [
+            (args.comm == CommArg::Mpi, "--comm mpi"),
+            (args.amp != AmpArg::F32, "--amp"),
+            (args.zero1, "--zero1"),
+            (args.local_sgd.is_some(), "--local-sgd"),
+            (args.compression != CompressionArg::F32, "--compression"),
+            (args.sync_bn, "--sync-bn"),
+            (args.balance, "--balance"),
+            (args.accumulation != 1, "--accumulation"),
+            (args.clip_grad_norm.is_some(), "--clip-grad-norm"),
+            (args.no_overlap, "--no-overlap"),
+            (args.bucket_kb != 25 * 1024, "--bucket-kb"),
+            (
+                args.gradient_path != GradientPathArg::Auto,
+                "--gradient-path",
+            ),
+            (args.check_every != 0, "--check-every"),
+        ];
+        let named: Vec<&str> = unsupported
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect();
+        if !named.is_empty() {
+            return Err(format!(
+                "--pipeline does not support {} yet: it trains one f32 pipeline in this process",
+                named.join(", ")
+            ));
+        }
+    } else if args.show_schedule
+        || args.micro_batches != 4
+        || args.schedule != kiln::pipeline::schedule::ScheduleKind::OneFOneB
+    {
+        return Err("--micro-batches, --schedule and --show-schedule need --pipeline".into());
     }
     if args.balance && args.comm == CommArg::Mpi {
         return Err("--balance works with --comm local only".into());
@@ -213,6 +264,8 @@ mod tests {
             ["--compression", "int8"],
             ["--gradient-path", "disk"],
             ["--comm", "tcp"],
+            ["--pipeline", "0"],
+            ["--schedule", "zigzag"],
         ] {
             let error = parse(&bad)
                 .err()
@@ -243,10 +296,23 @@ mod tests {
             &["--local-sgd", "--sync-bn"],
         );
         refused(&["--balance", "--comm", "mpi"], &["--balance"]);
+        refused(
+            &["--pipeline", "2", "--amp", "bf16", "--zero1"],
+            &["--pipeline", "--amp", "--zero1"],
+        );
+        refused(&["--schedule", "gpipe"], &["--schedule", "--pipeline"]);
         for fine in [
             &["--amp", "bf16"][..],
             // Mixed precision is a mode of the one data-parallel step: every option works.
             &["--amp", "bf16", "--zero1", "--clip-grad-norm", "1.5"],
+            &[
+                "--pipeline",
+                "2",
+                "--schedule",
+                "interleaved:2",
+                "--micro-batches",
+                "8",
+            ],
             &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
             &[
                 "--amp",

@@ -24,6 +24,7 @@ use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
 
 mod args;
+mod pipeline;
 
 use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
@@ -129,6 +130,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         valid_transforms,
         model,
     };
+    if let Some(stages) = args.pipeline {
+        return pipeline::run(&args, &setup, devices, stages);
+    }
 
     let outcomes: Vec<Outcome> = match args.comm {
         CommArg::Local => {

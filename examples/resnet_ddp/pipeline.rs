@@ -1,0 +1,120 @@
+//! `--pipeline P`: the ResNet cut into P stages (threads on the --devices entries), trained
+//! with a GPipe, 1F1B or interleaved schedule, and a summary per stage.
+
+use burn::optim::SgdConfig;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln::core::init_module;
+use kiln::data::DataLoader;
+use kiln::pipeline::schedule::{Costs, Schedule, bubble_formula, simulate};
+use kiln::pipeline::{Pipeline, PipelineConfig};
+use kiln::resnet::{ResNet, StemKind};
+use kiln::train::LrSchedule;
+
+use crate::Setup;
+use crate::args::Args;
+
+pub fn run(
+    args: &Args,
+    setup: &Setup,
+    devices: Vec<Device>,
+    stages: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if devices.len() != stages {
+        return Err(format!(
+            "--pipeline {stages} needs {stages} --devices entries (one per stage), got {}",
+            devices.len()
+        )
+        .into());
+    }
+    let kind = args.schedule;
+    let plan = Schedule::new(kind, stages, args.micro_batches)?;
+    if args.show_schedule {
+        // Equal stages, backward twice a forward: the textbook shape of this schedule.
+        println!(
+            "{}",
+            plan.chart(&simulate(&plan, &Costs::uniform(1.0, 2.0))?)
+        );
+    }
+    let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
+        .batch_size(args.batch_size)
+        .num_workers(args.workers)
+        .prefetch(args.prefetch)
+        .shuffle(args.seed)
+        .drop_last(true)
+        .transforms(setup.transforms.clone())
+        .device(devices[0].clone().autodiff())
+        .build();
+    let steps = args.steps.unwrap_or(args.epochs * loader.num_batches());
+    let schedule = LrSchedule::constant(args.lr)
+        .warmup((steps / 10).max(1))
+        .cosine(steps, 0.0);
+    println!(
+        "kiln: resnet{} width {} | {stages}-stage pipeline ({kind}, {} micro-batches of batch {}) on {} | {steps} steps",
+        args.model, args.width, args.micro_batches, args.batch_size, args.devices
+    );
+    let build = |device: &Device| -> ResNet {
+        init_module(device, args.seed, || {
+            setup
+                .model
+                .clone()
+                .with_stem(StemKind::Cifar)
+                .with_base_width(args.width)
+                .init(device)
+        })
+    };
+    let optimizer = || {
+        SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+            .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
+            .init()
+    };
+    let config = PipelineConfig {
+        schedule: kind,
+        micro_batches: args.micro_batches,
+        threads_per_stage: args.threads,
+        ..PipelineConfig::default()
+    };
+    let report = Pipeline::new(devices).config(config).train(
+        build,
+        optimizer,
+        &schedule,
+        &mut loader,
+        steps,
+    )?;
+    let first = report.losses.first().copied().unwrap_or(f32::NAN);
+    let last = report.losses.last().copied().unwrap_or(f32::NAN);
+    println!(
+        "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} img/s",
+        report.step_time.as_secs_f64() * 1e3,
+        args.batch_size as f64 / report.step_time.as_secs_f64().max(1e-9)
+    );
+    for (index, stage) in report.stages.iter().enumerate() {
+        println!(
+            "stage {index}: segments {:?} | parameters {:.2} MB | peak {} micro-batch activations | busy {:.0}%",
+            stage.segments,
+            stage.param_bytes as f64 / 1e6,
+            stage.peak_in_flight,
+            100.0 * stage.busy_fraction
+        );
+    }
+    println!(
+        "bubble: measured {:.1}% | formula {:.1}% (equal stages)",
+        100.0 * report.bubble_fraction(),
+        100.0 * bubble_formula(kind, stages, args.micro_batches)?
+    );
+    // Trainable parameters in path order: equal for every schedule (each adds the same
+    // micro-batch gradients in the same order).
+    let mut paths: Vec<&String> = report.params.keys().collect();
+    paths.sort();
+    let values: Vec<f32> = paths
+        .into_iter()
+        .flat_map(|path| report.params[path].iter().copied())
+        .collect();
+    println!(
+        "trained parameters fingerprint: {:016x}",
+        kiln::core::fingerprint_values(&values)
+    );
+    Ok(())
+}
