@@ -62,6 +62,8 @@ pub use step::DdpStep;
 pub use threads::default_threads_per_replica;
 
 #[cfg(test)]
+mod compare;
+#[cfg(test)]
 mod device_tests;
 #[cfg(test)]
 mod precision_tests;
