@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::{CommError, Communicator};
+use crate::{CommError, Communicator, ReduceOp};
 
 type Job = Box<dyn FnOnce(&Communicator) + Send>;
 
@@ -185,6 +185,15 @@ impl CommWorker {
         F: FnOnce(&Communicator) -> Result<T, CommError> + Send + 'static,
     {
         self.submit(op).wait().map(|timed| timed.value)
+    }
+
+    /// All-reduces `values` with `op` on the communication thread and waits for the result
+    /// (small reductions: counts, flags, statistics).
+    pub fn all_reduce_values(&self, values: Vec<f32>, op: ReduceOp) -> Result<Vec<f32>, CommError> {
+        self.run(move |c| {
+            let mut values = values;
+            c.all_reduce(&mut values, op).map(|_| values)
+        })
     }
 }
 

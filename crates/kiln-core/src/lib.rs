@@ -1,12 +1,13 @@
 //! Core vocabulary shared by every kiln crate.
 //!
 //! - [`segment`] — a model seen as an ordered list of segments, on which backward/communication
-//!   overlap builds today (and the planned pipeline stages and planner will).
+//!   overlap and pipeline stages build (and the planned planner will).
 //! - [`classifier`] — [`ImageClassifier`], what the trainer needs of a model.
 //! - [`conv`] — 2-D convolution as one GEMM over im2col columns (faster than Flex's own).
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
+//! - [`panic`] — the message of a thread's panic, for the error that reports it.
 //! - [`params`] — small helpers to enumerate a module's parameters.
 //! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
 #![warn(missing_docs)]
@@ -15,6 +16,7 @@ pub mod classifier;
 pub mod conv;
 pub mod device_spec;
 pub mod flat;
+pub mod panic;
 pub mod params;
 pub mod seed;
 pub mod segment;
@@ -26,6 +28,7 @@ pub use flat::{
     FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, fingerprint, fingerprint_values,
     grads_from_flat, read_params, write_params,
 };
+pub use panic::panic_message;
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, with_seed};
 pub use segment::{Activation, SegmentId, Segmented, forward_segments};

@@ -57,10 +57,7 @@ pub(crate) fn average<M: Module>(
         return Ok(module);
     }
     let values = read_params(&module, &layout);
-    let values = comm.run(move |c| {
-        let mut values = values;
-        c.all_reduce(&mut values, ReduceOp::Mean).map(|_| values)
-    })?;
+    let values = comm.all_reduce_values(values, ReduceOp::Mean)?;
     Ok(write_params(module, &layout, &values))
 }
 

@@ -14,7 +14,7 @@ use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use std::sync::Arc;
 
-use burn::tensor::{Device, FloatDType, Gradients, Tensor};
+use burn::tensor::{DType, Device, FloatDType, Gradients, Tensor};
 use kiln_comm::{CommWorker, DeviceGroup};
 use kiln_train::{GradientSummary, GradientValues};
 
@@ -164,10 +164,13 @@ impl ModuleVisitor for Collector<'_> {
                     return;
                 };
                 let numel = self.layout.entries()[index].info.numel();
-                let grad = grad
-                    .reshape([numel])
-                    .cast(FloatDType::F32)
-                    .mul_scalar(self.scale);
+                let grad = grad.reshape([numel]);
+                // Mixed precision: widen half gradients (f32 ones need no copy).
+                let grad = match grad.dtype() {
+                    DType::F32 => grad,
+                    _ => grad.cast(FloatDType::F32),
+                };
+                let grad = grad.mul_scalar(self.scale);
                 let slot = &mut slots[index];
                 *slot = Some(match slot.take() {
                     Some(sum) => sum + grad,

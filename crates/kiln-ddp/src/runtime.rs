@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use kiln_comm::{CommError, CommWorker, DeviceGroup, InProcessGroup};
-use kiln_core::{ImageClassifier, Segmented};
+use kiln_core::{ImageClassifier, Segmented, panic_message};
 use kiln_train::TrainError;
 
 use crate::consensus::{Selection, broadcast, check_divergence};
@@ -218,14 +218,6 @@ fn is_consequence(err: &DdpError) -> bool {
             ..
         }
     )
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".into())
 }
 
 impl Replica {

@@ -116,10 +116,7 @@ impl<M: ImageClassifier> DdpStep<M> {
                 if failed.borrow().is_some() {
                     return None;
                 }
-                let summed = comm.run(move |c| {
-                    let mut values = values;
-                    c.all_reduce(&mut values, ReduceOp::Sum).map(|_| values)
-                });
+                let summed = comm.all_reduce_values(values, ReduceOp::Sum);
                 summed.map_err(|err| *failed.borrow_mut() = Some(err)).ok()
             }) as StatsReducer
         });
@@ -231,10 +228,7 @@ pub(crate) fn sum_summaries(
         f32::from(u8::from(summary.non_finite)),
         summary.squared_norm as f32,
     ];
-    let summed = comm.run(move |c| {
-        let mut values = values;
-        c.all_reduce(&mut values, ReduceOp::Sum).map(|_| values)
-    })?;
+    let summed = comm.all_reduce_values(values, ReduceOp::Sum)?;
     Ok(GradientSummary {
         non_finite: summed[0] > 0.0 || !summed[1].is_finite(),
         squared_norm: f64::from(summed[1]),
@@ -384,10 +378,7 @@ pub(crate) fn agree_on_summary(
     match mode {
         SyncMode::LocalSgd { .. } => {
             let flag = vec![f32::from(u8::from(summary.non_finite))];
-            let any = comm.run(move |c| {
-                let mut flag = flag;
-                c.all_reduce(&mut flag, ReduceOp::Sum).map(|_| flag)
-            })?;
+            let any = comm.all_reduce_values(flag, ReduceOp::Sum)?;
             Ok(GradientSummary {
                 non_finite: any[0] > 0.0,
                 ..summary

@@ -19,6 +19,15 @@ pub(crate) enum Carries {
     Gradient,
 }
 
+impl std::fmt::Display for Carries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Carries::Activation => "activation",
+            Carries::Gradient => "gradient",
+        })
+    }
+}
+
 /// A tensor for virtual stage `to` of micro-batch `micro`.
 pub(crate) struct Message<H> {
     pub carries: Carries,
@@ -106,7 +115,7 @@ impl<H> Mailbox<H> {
             if let Some(value) = self.held.remove(&key) {
                 return Ok(value);
             }
-            let what = || format!("the {carries:?} of micro-batch {micro} for virtual stage {to}");
+            let what = || format!("the {carries} of micro-batch {micro} for virtual stage {to}");
             let left = deadline.saturating_duration_since(Instant::now());
             match self.abort.recv(&self.inbox, left) {
                 Ok(message) => {
@@ -116,14 +125,14 @@ impl<H> Mailbox<H> {
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(PipelineError::Timeout {
                         stage: self.stage,
-                        what: what().to_lowercase(),
+                        what: what(),
                         waited: self.timeout,
                     });
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(PipelineError::PeerLost {
                         stage: self.stage,
-                        what: what().to_lowercase(),
+                        what: what(),
                     });
                 }
             }

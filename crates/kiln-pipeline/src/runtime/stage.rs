@@ -62,6 +62,11 @@ impl<M> Stage<M> {
     pub(crate) fn layout(&self) -> &FlatLayout {
         &self.layout
     }
+
+    /// Segment indices of each of its chunks.
+    pub(crate) fn chunks(&self) -> &[Range<usize>] {
+        &self.chunks
+    }
 }
 
 impl<M> Stage<M>
@@ -104,35 +109,29 @@ where
         input: Input<M::Hidden>,
         labels: Option<Tensor<1, Int>>,
     ) -> (Forwarded<M::Hidden>, Option<(f32, usize)>) {
-        let mut leaf = None;
-        let mut hidden = match input {
+        let range = self.chunks[chunk].clone();
+        // The first chunk starts with the input segment, which reads the images; the others
+        // cut their input off the graph it came from, keeping the cut to return its gradient.
+        let (mut hidden, leaf, rest) = match input {
             Input::Images(images) => {
-                let first = self.chunks[chunk].start;
-                debug_assert_eq!(self.segments[first], SegmentId::Input);
-                Some(self.model.forward_input(*images))
+                debug_assert_eq!(self.segments[range.start], SegmentId::Input);
+                (
+                    self.model.forward_input(*images),
+                    None,
+                    range.start + 1..range.end,
+                )
             }
             Input::Hidden(hidden) => {
                 let cut = hidden.detach_boundary();
-                leaf = Some(cut.clone());
-                Some(cut)
+                (cut.clone(), Some(cut), range)
             }
         };
-        let range = self.chunks[chunk].clone();
-        let skip_input = leaf.is_none();
-        for index in range {
+        for index in rest {
             match self.segments[index] {
-                SegmentId::Input if skip_input => {}
-                SegmentId::Input => unreachable!("the input segment starts the model"),
-                SegmentId::Middle(k) => {
-                    hidden = Some(
-                        self.model
-                            .forward_middle(k, hidden.expect("a hidden state")),
-                    );
-                }
+                SegmentId::Input => unreachable!("the input segment is first and reads the images"),
+                SegmentId::Middle(k) => hidden = self.model.forward_middle(k, hidden),
                 SegmentId::Output => {
-                    let logits = self
-                        .model
-                        .forward_output(hidden.take().expect("a hidden state"));
+                    let logits = self.model.forward_output(hidden);
                     let labels = labels.expect("the last stage has the labels");
                     let loss = classification_loss(logits.clone(), labels.clone());
                     let value = loss.clone().into_scalar::<f32>();
@@ -147,7 +146,7 @@ where
         }
         let forwarded = Forwarded {
             input: leaf,
-            output: Output::Hidden(hidden.expect("a chunk has segments")),
+            output: Output::Hidden(hidden),
         };
         (forwarded, None)
     }

@@ -85,7 +85,14 @@ fn single(micro: usize, lr: f64) -> HashMap<String, Vec<f32>> {
     by_path(&model)
 }
 
-fn pipeline(kind: ScheduleKind, stages: usize, micro: usize) -> crate::PipelineReport {
+/// Trains [`build`]'s ResNet on `stages` CPU stages for `steps` steps of `batch` samples.
+fn run(
+    kind: ScheduleKind,
+    stages: usize,
+    micro: usize,
+    batch: usize,
+    steps: usize,
+) -> Result<crate::PipelineReport, PipelineError> {
     let config = PipelineConfig {
         schedule: kind,
         micro_batches: micro,
@@ -97,9 +104,13 @@ fn pipeline(kind: ScheduleKind, stages: usize, micro: usize) -> crate::PipelineR
             build,
             optimizer,
             &LrSchedule::constant(0.1),
-            &mut loader(BATCH),
-            STEPS,
+            &mut loader(batch),
+            steps,
         )
+}
+
+fn pipeline(kind: ScheduleKind, stages: usize, micro: usize) -> crate::PipelineReport {
+    run(kind, stages, micro, BATCH, STEPS)
         .unwrap_or_else(|err| panic!("{kind} P={stages} M={micro}: {err}"))
 }
 
@@ -185,37 +196,24 @@ fn stages_hold_only_their_parameters_and_1f1b_bounds_the_activations_in_flight()
 
 #[test]
 fn bad_shapes_are_refused_with_the_reason() {
-    let run = |kind, stages: usize, micro, batch| {
-        let config = PipelineConfig {
-            schedule: kind,
-            micro_batches: micro,
-            ..PipelineConfig::default()
-        };
-        Pipeline::new(vec![Device::flex(); stages])
-            .config(config)
-            .train(
-                build,
-                optimizer,
-                &LrSchedule::constant(0.1),
-                &mut loader(batch),
-                1,
-            )
+    let refused = |kind, stages, micro, batch| {
+        run(kind, stages, micro, batch, 1)
             .expect_err("refused")
             .to_string()
     };
-    let message = run(ScheduleKind::OneFOneB, 11, 11, 24);
+    let message = refused(ScheduleKind::OneFOneB, 11, 11, 24);
     assert!(message.contains("10 segments"), "{message}");
-    let message = run(ScheduleKind::OneFOneB, 4, 2, 24);
+    let message = refused(ScheduleKind::OneFOneB, 4, 2, 24);
     assert!(
         message.contains("at least as many micro-batches as stages"),
         "{message}"
     );
-    let message = run(ScheduleKind::GPipe, 2, 8, 4);
+    let message = refused(ScheduleKind::GPipe, 2, 8, 4);
     assert!(
         message.contains("cannot be cut into 8 micro-batches"),
         "{message}"
     );
-    let message = run(ScheduleKind::GPipe, 0, 2, 4);
+    let message = refused(ScheduleKind::GPipe, 0, 2, 4);
     assert!(message.contains("at least one device"), "{message}");
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
-use kiln_core::{ImageClassifier, Segmented, read_params};
+use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
 use kiln_data::{DataLoader, ImageBatch};
 use kiln_train::LrSchedule;
 
@@ -127,9 +127,6 @@ impl Pipeline {
             ));
         }
         let plan = Schedule::new(self.config.schedule, stages, self.config.micro_batches)?;
-        let segments = build(&self.devices[0].clone().autodiff()).segments().len();
-        let split = self.config.segments_per_virtual_stage(segments, stages)?;
-        let chunks = chunk_ranges(&split, &plan);
         let threads = self
             .config
             .threads_per_stage
@@ -146,54 +143,25 @@ impl Pipeline {
                 .zip(step_receivers)
                 .enumerate()
                 .map(|(index, (inbox, steps))| {
-                    let links = Links {
-                        mailbox: Mailbox::new(index, inbox, self.config.timeout, abort.clone()),
-                        peers: senders.clone(),
+                    let start = StageStart {
+                        index,
+                        device: self.devices[index].clone().autodiff(),
+                        threads,
+                        build: &build,
+                        optimizer: &optimizer,
+                        config: &self.config,
+                        plan: &plan,
+                        links: Links {
+                            mailbox: Mailbox::new(index, inbox, self.config.timeout, abort.clone()),
+                            peers: senders.clone(),
+                        },
+                        steps,
+                        done: done_sender.clone(),
+                        abort: abort.clone(),
                     };
-                    let abort = abort.clone();
-                    let (device, done) =
-                        (self.devices[index].clone().autodiff(), done_sender.clone());
-                    let (build, optimizer, plan, chunks) =
-                        (&build, &optimizer, &plan, chunks[index].clone());
                     std::thread::Builder::new()
                         .name(format!("kiln-stage-{index}"))
-                        .spawn_scoped(scope, move || {
-                            let pool = rayon::ThreadPoolBuilder::new()
-                                .num_threads(threads)
-                                .thread_name(move |i| format!("kiln-stage-{index}-compute-{i}"))
-                                .build()
-                                .map_err(|err| PipelineError::Stage {
-                                    stage: index,
-                                    message: err.to_string(),
-                                })?;
-                            // A failing stage raises the abort flag, so that its peers stop
-                            // waiting for it at once.
-                            let run =
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    pool.install(|| {
-                                        let stage = Stage::new(build(&device), chunks);
-                                        run_stage(
-                                            index,
-                                            stage,
-                                            plan,
-                                            optimizer(),
-                                            links,
-                                            steps,
-                                            done,
-                                        )
-                                    })
-                                }));
-                            let result = run.unwrap_or_else(|panic| {
-                                Err(PipelineError::Stage {
-                                    stage: index,
-                                    message: panic_message(&*panic),
-                                })
-                            });
-                            if result.is_err() {
-                                abort.raise();
-                            }
-                            result
-                        })
+                        .spawn_scoped(scope, move || start.run())
                         .expect("spawning a stage thread")
                 })
                 .collect();
@@ -217,7 +185,75 @@ impl Pipeline {
                     })
                 }));
             }
-            finish(driven, results, &chunks)
+            finish(driven, results)
+        })
+    }
+}
+
+/// What a stage thread needs to build and run its stage.
+struct StageStart<'a, B, O, H> {
+    index: usize,
+    device: Device,
+    threads: usize,
+    build: &'a B,
+    optimizer: &'a O,
+    config: &'a PipelineConfig,
+    plan: &'a Schedule,
+    links: Links<H>,
+    steps: Receiver<StepData>,
+    done: Sender<StepDone>,
+    abort: Abort,
+}
+
+impl<B, O, M> StageStart<'_, B, O, M::Hidden>
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    B: Fn(&Device) -> M + Sync,
+    O: Fn() -> ModuleOptimizer + Sync,
+{
+    /// The stage thread's life: its own pool, its share of the model, its steps. A failure
+    /// (an error or a panic) raises the abort flag, so that its peers stop waiting at once.
+    fn run(self) -> Result<Stage<M>, PipelineError> {
+        let index = self.index;
+        let abort = self.abort.clone();
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build_and_train()))
+                .unwrap_or_else(|panic| {
+                    Err(PipelineError::Stage {
+                        stage: index,
+                        message: panic_message(&*panic),
+                    })
+                });
+        if result.is_err() {
+            abort.raise();
+        }
+        result
+    }
+
+    fn build_and_train(self) -> Result<Stage<M>, PipelineError> {
+        let index = self.index;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(move |i| format!("kiln-stage-{index}-compute-{i}"))
+            .build()
+            .map_err(|err| PipelineError::Stage {
+                stage: index,
+                message: err.to_string(),
+            })?;
+        pool.install(|| {
+            // Every stage derives the same split from its own build: no full model is
+            // built anywhere else.
+            let model = (self.build)(&self.device);
+            let stages = self.plan.stages();
+            let split = self
+                .config
+                .segments_per_virtual_stage(model.segments().len(), stages)?;
+            let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
+            let stage = Stage::new(model, chunks);
+            let optimizer = (self.optimizer)();
+            run_stage(
+                index, stage, self.plan, optimizer, self.links, self.steps, self.done,
+            )
         })
     }
 }
@@ -358,7 +394,6 @@ fn cut(batch: ImageBatch, count: usize) -> Result<Vec<ImageBatch>, PipelineError
 fn finish<M: ImageClassifier>(
     driven: Result<Driven, PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
-    chunks: &[Vec<Range<usize>>],
 ) -> Result<PipelineReport, PipelineError> {
     let mut errors = Vec::new();
     let mut trained = Vec::with_capacity(results.len());
@@ -392,7 +427,7 @@ fn finish<M: ImageClassifier>(
         }
         let busy = driven.busy[index] / steps_timed;
         stages.push(StageReport {
-            segments: chunks[index].clone(),
+            segments: stage.chunks().to_vec(),
             param_bytes: stage.param_bytes,
             peak_in_flight: driven.peak[index],
             busy_fraction: busy.as_secs_f64() / step_time.as_secs_f64().max(1e-12),
@@ -404,12 +439,4 @@ fn finish<M: ImageClassifier>(
         step_time,
         params,
     })
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".into())
 }
