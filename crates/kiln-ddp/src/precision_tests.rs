@@ -77,12 +77,17 @@ fn every_data_parallel_option_under_bf16_matches_bf16_on_one_device() {
     assert!(worst.error > 4.0 * HALF, "the control passed: {worst:?}");
 }
 
+/// Tolerance of bf16 synchronised batch norm after two steps: the compounding depends on which
+/// roundings flip, which other CPUs' kernels change, so it keeps 4x room over the measured
+/// 2.3e-2 and stays 6x under the control (0.64).
+const SYNC_BN_HALF: f32 = 0.1;
+
 /// Batch-norm statistics are reduced in f32, so synchronised batch norm stays exact under
 /// bf16 up to the rounding of each replica's bf16 weight gradients (half-batch sums rounded
 /// separately). Ahead of batch norm those sums cancel strongly, and at this learning rate the
 /// rounding differences compound step by step (measured: 0.7 % after one step, 2.3 % after
 /// two, 17 % after five, while unsynchronised statistics give 64 % after two), so this test
-/// runs two steps.
+/// runs two steps, with [`SYNC_BN_HALF`].
 #[test]
 fn synchronised_batch_norm_under_bf16_matches_bf16_on_one_device() {
     let schedule = Schedule { steps: 2, ..bf16() };
@@ -96,9 +101,17 @@ fn synchronised_batch_norm_under_bf16_matches_bf16_on_one_device() {
             s.schedule = schedule;
         })
     };
-    assert_close(&replicated(&setup(true)), &reference, HALF, "bf16 sync BN");
+    assert_close(
+        &replicated(&setup(true)),
+        &reference,
+        SYNC_BN_HALF,
+        "bf16 sync BN",
+    );
     let worst = change_error(&replicated(&setup(false)), &reference, &start, "local BN");
-    assert!(worst.error > 4.0 * HALF, "the control passed: {worst:?}");
+    assert!(
+        worst.error > 4.0 * SYNC_BN_HALF,
+        "the control passed: {worst:?}"
+    );
 }
 
 /// The agreements the step relies on: a ZeRO shard's overflow and norm reach every replica;
