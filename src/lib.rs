@@ -10,6 +10,8 @@
 //! - [`data`] — a prefetching multi-worker loader, a distributed sampler, CIFAR-10, MNIST and
 //!   synthetic data.
 //! - [`ddp`] — data-parallel training: replicas, bucketed all-reduce overlapped with backward.
+//! - [`kernels`] — kiln's own CPU kernels (a convolution on im2col + GEMM with its own
+//!   backward), used by the ResNet family and usable in any Burn model.
 //! - [`train`] — the trainer, learning-rate schedules and metrics.
 //! - [`resnet`] — the ResNet family.
 //!
@@ -26,6 +28,7 @@ pub use kiln_comm as comm;
 pub use kiln_core as core;
 pub use kiln_data as data;
 pub use kiln_ddp as ddp;
+pub use kiln_kernels as kernels;
 pub use kiln_pipeline as pipeline;
 pub use kiln_resnet as resnet;
 pub use kiln_train as train;

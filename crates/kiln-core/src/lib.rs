@@ -3,7 +3,6 @@
 //! - [`segment`] — a model seen as an ordered list of segments, on which backward/communication
 //!   overlap and pipeline stages build (and the planned planner will).
 //! - [`classifier`] — [`ImageClassifier`], what the trainer needs of a model.
-//! - [`conv`] — 2-D convolution as one GEMM over im2col columns (faster than Flex's own).
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
@@ -13,7 +12,6 @@
 #![warn(missing_docs)]
 
 pub mod classifier;
-pub mod conv;
 pub mod device_spec;
 pub mod flat;
 pub mod panic;
@@ -35,6 +33,3 @@ pub use segment::{Activation, SegmentId, Segmented, forward_segments};
 pub use sync_norm::{
     StatsReducer, StatsTape, sync_batch_norm, sync_batch_norm_active, update_running_statistics,
 };
-
-#[cfg(test)]
-mod conv_tests;

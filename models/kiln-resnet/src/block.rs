@@ -6,7 +6,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::module::{batch_norm, batch_norm_train};
 use burn::tensor::{Device, FloatDType, Tensor};
-use kiln_core::conv::conv2d;
+use kiln_kernels::conv2d;
 
 use crate::BlockKind;
 

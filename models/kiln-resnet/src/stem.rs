@@ -6,7 +6,7 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
-use kiln_core::conv::conv2d;
+use kiln_kernels::conv2d;
 
 use crate::StemKind;
 use crate::block::conv_initializer;

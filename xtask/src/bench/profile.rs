@@ -1,13 +1,12 @@
 //! Where a ResNet-18 training step's time goes on the CPU backend: every convolution of the
-//! model timed on its own (forward, input-gradient and weight-gradient halves), beside the
-//! whole step, and a GEMM of the same size as each forward (what an im2col formulation on the
-//! same kernels would cost at best).
+//! model timed on its own with kiln's kernel (forward, input-gradient and weight-gradient
+//! halves), beside the whole step, a GEMM of the same size as each forward (what an im2col
+//! formulation costs at best), and kiln's kernel against Burn's own convolution.
 
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2dConfig;
-use burn::tensor::module::{conv_transpose2d, conv2d, conv2d_weight_backward};
-use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
 use burn::tensor::{Device, Distribution, Tensor};
+use kiln::kernels::{ConvGeometry, conv2d_with};
 
 use super::Output;
 use super::throughput::{Setting, cores, images_per_sec};
@@ -77,42 +76,53 @@ fn resnet18_convs(w: usize) -> Vec<ConvShape> {
     shapes
 }
 
-/// Seconds of forward, input-gradient and weight-gradient of one shape, and of an equally
-/// sized GEMM ([N·Ho·Wo, Cin·k·k] x [Cin·k·k, Cout]).
+/// Seconds of kiln's convolution kernel on one shape: the forward, each backward half (a
+/// forward and backward with only that operand tracked, less the forward; the product with
+/// the upstream gradient and its sum are included), and an equally sized GEMM ([N·Ho·Wo,
+/// Cin·k·k] x [Cin·k·k, Cout]).
 fn time_shape(device: &Device, shape: ConvShape, reps: usize) -> [f64; 4] {
     let [cin, cout] = shape.channels;
     let (k, s, p, out) = (shape.kernel, shape.stride, shape.padding(), shape.output());
     let normal = Distribution::Normal(0.0, 1.0);
-    let x = Tensor::<4>::random([BATCH, cin, shape.input[0], shape.input[1]], normal, device);
-    let weight = Tensor::<4>::random([cout, cin, k, k], normal, device);
-    let grad = Tensor::<4>::random([BATCH, cout, out, out], normal, device);
-    let options = ConvOptions::new([s, s], [p, p], [1, 1], 1);
-    let padding_out = (shape.input[0] + 2 * p - k) % s;
-    let transpose = ConvTransposeOptions::new([s, s], [p, p], [padding_out; 2], [1, 1], 1);
+    let training = device.clone().autodiff();
+    let x = Tensor::<4>::random(
+        [BATCH, cin, shape.input[0], shape.input[1]],
+        normal,
+        &training,
+    );
+    let weight = Tensor::<4>::random([cout, cin, k, k], normal, &training);
+    let grad = Tensor::<4>::random([BATCH, cout, out, out], normal, &training);
+    let geometry = ConvGeometry::new()
+        .with_stride([s, s])
+        .with_padding([(p, p), (p, p)]);
     let forward = time(1, reps, || {
-        let _ = conv2d(x.clone(), weight.clone(), None, options.clone());
+        let _ = conv2d_with(x.clone(), weight.clone(), None, geometry);
     });
-    let input_grad = time(1, reps, || {
-        let _ = conv_transpose2d(grad.clone(), weight.clone(), None, transpose.clone());
-    });
-    let weight_grad = time(1, reps, || {
-        let _ = conv2d_weight_backward(x.clone(), weight.clone(), grad.clone(), options.clone());
-    });
+    let tracked = |input: bool| {
+        time(1, reps, || {
+            let (x, weight) = if input {
+                (x.clone().require_grad(), weight.clone())
+            } else {
+                (x.clone(), weight.clone().require_grad())
+            };
+            let _ = (conv2d_with(x, weight, None, geometry) * grad.clone())
+                .sum()
+                .backward();
+        })
+        .median
+    };
+    let input_grad = (tracked(true) - forward.median).max(0.0);
+    let weight_grad = (tracked(false) - forward.median).max(0.0);
     let lhs = Tensor::<2>::random([BATCH * out * out, cin * k * k], normal, device);
     let rhs = Tensor::<2>::random([cin * k * k, cout], normal, device);
     let gemm = time(1, reps, || {
         let _ = lhs.clone().matmul(rhs.clone());
     });
-    [
-        forward.median,
-        input_grad.median,
-        weight_grad.median,
-        gemm.median,
-    ]
+    [forward.median, input_grad, weight_grad, gemm.median]
 }
 
 /// Seconds of one training forward + backward of `shape`'s convolution (input and weight
-/// gradients) with Burn's `Conv2d::forward` and with kiln's im2col convolution.
+/// gradients) with Burn's `Conv2d::forward` and with kiln's convolution kernel (`kiln::kernels`).
 fn time_training(device: &Device, shape: ConvShape, reps: usize) -> [f64; 2] {
     let [cin, cout] = shape.channels;
     let (k, s, p) = (shape.kernel, shape.stride, shape.padding());
@@ -130,7 +140,7 @@ fn time_training(device: &Device, shape: ConvShape, reps: usize) -> [f64; 2] {
     let upstream = Tensor::<4>::random([BATCH, cout, out, out], normal, device);
     let step = |kiln: bool| {
         let y = if kiln {
-            kiln::core::conv::conv2d(&conv, x.clone())
+            kiln::kernels::conv2d(&conv, x.clone())
         } else {
             conv.forward(x.clone())
         };
@@ -176,7 +186,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         training[1] += kiln_conv * shape.count as f64;
         out.figures.push(Figure::new(
             NAME,
-            format!("{}: kiln im2col / Burn conv (fwd+bwd)", shape.label()),
+            format!("{}: kiln kernel / Burn conv (fwd+bwd)", shape.label()),
             kiln_conv / burn_conv,
             "ratio",
         ));
@@ -214,7 +224,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     ));
     out.figures.push(Figure::new(
         NAME,
-        format!("w{width} all convolutions, fwd+bwd: kiln im2col / Burn conv"),
+        format!("w{width} all convolutions, fwd+bwd: kiln kernel / Burn conv"),
         training[1] / training[0],
         "ratio",
     ));

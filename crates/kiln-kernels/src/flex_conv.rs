@@ -1,0 +1,287 @@
+//! The convolution on Flex tensors: im2col and one GEMM per block of images, written
+//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im.
+//!
+//! Blocks hold enough images for a GEMM of at least [`BLOCK_POSITIONS`] output positions
+//! (one image of a large feature map, several of a small one) and run in parallel in the
+//! caller's rayon pool, each with its own column buffer, so memory stays at one block's columns
+//! per thread. Blocks follow the shapes only, never the thread count, and so does every
+//! summation order (the weight gradient adds [`WEIGHT_GRADIENT_GROUPS`] partial sums in a
+//! fixed order): results do not depend on threads.
+
+use std::ops::Range;
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Flex, FlexDevice, TensorMetadata};
+use burn::tensor::{DType, FloatDType, Shape, TensorData};
+use rayon::prelude::*;
+
+use crate::gemm::{Matrix, matmul};
+use crate::geometry::ConvGeometry;
+use crate::im2col::{ConvDims, col2im, im2col};
+
+/// Output positions (images × Ho·Wo) a block's GEMM should see at least.
+const BLOCK_POSITIONS: usize = 256;
+
+/// Partial weight gradients computed in parallel and then added in order.
+const WEIGHT_GRADIENT_GROUPS: usize = 8;
+
+type FlexTensor = FloatTensor<Flex>;
+
+/// Sizes of a convolution of `x` `[N, Cin, H, W]` with `weight` `[Cout, Cin, kh, kw]`:
+/// `(dims, N, Cout)`.
+///
+/// # Panics
+///
+/// If the shapes are not 4-D, the channels differ, or the padded input is smaller than the
+/// dilated kernel (programmer errors: `kiln_kernels::conv2d_with` checks them first).
+fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize, usize) {
+    let [batch, channels, height, width] = x.dims();
+    let [out_channels, in_channels, kh, kw] = weight.dims();
+    assert_eq!(channels, in_channels, "input and weight channels differ");
+    let output = geometry
+        .output_size([height, width], [kh, kw])
+        .expect("the padded input is smaller than the kernel");
+    let dims = ConvDims {
+        channels,
+        input: [height, width],
+        kernel: [kh, kw],
+        output,
+        geometry,
+    };
+    (dims, batch, out_channels)
+}
+
+/// Images per block.
+fn block_size(dims: &ConvDims) -> usize {
+    BLOCK_POSITIONS.div_ceil(dims.positions().max(1)).max(1)
+}
+
+/// The images of block `index`.
+fn block(index: usize, size: usize, batch: usize) -> Range<usize> {
+    index * size..((index + 1) * size).min(batch)
+}
+
+fn to_f32(tensor: FlexTensor) -> FlexTensor {
+    if tensor.dtype() == DType::F32 {
+        tensor
+    } else {
+        Flex::float_cast(tensor, FloatDType::F32)
+    }
+}
+
+fn cast_back(tensor: FlexTensor, dtype: DType) -> FlexTensor {
+    if dtype == DType::F32 {
+        tensor
+    } else {
+        Flex::float_cast(tensor, dtype.into())
+    }
+}
+
+fn from_vec(values: Vec<f32>, shape: impl Into<Shape>) -> FlexTensor {
+    Flex::float_from_data(TensorData::new(values, shape.into()), &FlexDevice)
+}
+
+fn values(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("a contiguous f32 tensor (made so by the caller)")
+}
+
+/// The output gradient of `images` as `[Cout, nc·Ho·Wo]` (channels first, images side by
+/// side), in `buffer`; a single image's is its own slice of `grad`, returned without a copy.
+fn gathered<'a>(
+    grad: &'a [f32],
+    dims: &ConvDims,
+    out_channels: usize,
+    images: Range<usize>,
+    buffer: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    let positions = dims.positions();
+    let image_len = out_channels * positions;
+    if images.len() == 1 {
+        return &grad[images.start * image_len..][..image_len];
+    }
+    let count = images.len();
+    buffer.resize(image_len * count, 0.0);
+    for (index, dst) in buffer.chunks_mut(positions).enumerate() {
+        let (channel, slot) = (index / count, index % count);
+        let image = images.start + slot;
+        dst.copy_from_slice(&grad[(image * out_channels + channel) * positions..][..positions]);
+    }
+    buffer
+}
+
+/// `x` `[N, Cin, H, W]` convolved with `weight` `[Cout, Cin, kh, kw]`: `[N, Cout, Ho, Wo]` in
+/// `x`'s dtype (computed in f32).
+pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry) -> FlexTensor {
+    let dtype = x.dtype();
+    let (dims, batch, out_channels) = sizes(&x.shape(), &weight.shape(), geometry);
+    let (x, weight) = (to_f32(x).to_contiguous(), to_f32(weight).to_contiguous());
+    let (x, weight) = (values(&x), values(&weight));
+    let weight = (weight, Matrix::row_major(out_channels, dims.rows()));
+    let positions = dims.positions();
+    let size = block_size(&dims);
+    let mut output = vec![0.0f32; batch * out_channels * positions];
+    output
+        .par_chunks_mut(size * out_channels * positions)
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(columns, product), (index, out)| {
+                let images = block(index, size, batch);
+                let width = images.len() * positions;
+                columns.resize(dims.rows() * width, 0.0);
+                im2col(x, &dims, images.clone(), columns);
+                let columns = (&columns[..], Matrix::row_major(dims.rows(), width));
+                if images.len() == 1 {
+                    matmul(out, false, weight, columns);
+                    return;
+                }
+                // [Cout, slot, P] -> [slot, Cout, P]
+                product.resize(out_channels * width, 0.0);
+                matmul(product, false, weight, columns);
+                let count = images.len();
+                for (index, dst) in out.chunks_mut(positions).enumerate() {
+                    let (slot, channel) = (index / out_channels, index % out_channels);
+                    dst.copy_from_slice(
+                        &product[(channel * count + slot) * positions..][..positions],
+                    );
+                }
+            },
+        );
+    let [out_h, out_w] = dims.output;
+    cast_back(from_vec(output, [batch, out_channels, out_h, out_w]), dtype)
+}
+
+/// The gradients of `forward(x, weight)` given the output gradient `grad`: the input's
+/// (`want_input`) and the weight's (`want_weight`), each in its tensor's dtype.
+pub(crate) fn backward(
+    x: FlexTensor,
+    weight: FlexTensor,
+    grad: FlexTensor,
+    geometry: ConvGeometry,
+    want_input: bool,
+    want_weight: bool,
+) -> (Option<FlexTensor>, Option<FlexTensor>) {
+    let (x_dtype, weight_dtype) = (x.dtype(), weight.dtype());
+    let (x_shape, weight_shape) = (x.shape(), weight.shape());
+    let (dims, batch, out_channels) = sizes(&x_shape, &weight_shape, geometry);
+    let x = to_f32(x).to_contiguous();
+    let weight = to_f32(weight).to_contiguous();
+    let grad = to_f32(grad).to_contiguous();
+    let (x, weight, grad) = (values(&x), values(&weight), values(&grad));
+    let input_grad = want_input.then(|| {
+        let values = input_gradient(weight, grad, &dims, batch, out_channels);
+        cast_back(from_vec(values, x_shape), x_dtype)
+    });
+    let weight_grad = want_weight.then(|| {
+        let values = weight_gradient(x, grad, &dims, batch, out_channels);
+        cast_back(from_vec(values, weight_shape), weight_dtype)
+    });
+    (input_grad, weight_grad)
+}
+
+/// `col2im(weightᵀ × grad)`, block by block.
+fn input_gradient(
+    weight: &[f32],
+    grad: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
+    let weight_t = (
+        weight,
+        Matrix::row_major(out_channels, dims.rows()).transposed(),
+    );
+    let size = block_size(dims);
+    let mut input_grad = vec![0.0f32; batch * dims.image_len()];
+    input_grad
+        .par_chunks_mut(size * dims.image_len())
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(gathered_grad, column_grad), (index, dx)| {
+                let images = block(index, size, batch);
+                let width = images.len() * dims.positions();
+                let upstream = gathered(grad, dims, out_channels, images.clone(), gathered_grad);
+                column_grad.resize(dims.rows() * width, 0.0);
+                matmul(
+                    column_grad,
+                    false,
+                    weight_t,
+                    (upstream, Matrix::row_major(out_channels, width)),
+                );
+                col2im(column_grad, dims, images, dx);
+            },
+        );
+    input_grad
+}
+
+/// `Σ grad × columnsᵀ` over the batch: groups of blocks in parallel, their sums added in order.
+fn weight_gradient(
+    x: &[f32],
+    grad: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
+    let size = block_size(dims);
+    let blocks = batch.div_ceil(size);
+    let groups = blocks.clamp(1, WEIGHT_GRADIENT_GROUPS);
+    let per_group = blocks.div_ceil(groups);
+    let len = out_channels * dims.rows();
+    let partials: Vec<Vec<f32>> = (0..blocks.div_ceil(per_group))
+        .into_par_iter()
+        .map(|group| {
+            let mut partial = vec![0.0f32; len];
+            let (mut columns, mut gathered_grad) = (Vec::new(), Vec::new());
+            for (n, index) in (group * per_group..((group + 1) * per_group).min(blocks)).enumerate()
+            {
+                let images = block(index, size, batch);
+                let width = images.len() * dims.positions();
+                columns.resize(dims.rows() * width, 0.0);
+                im2col(x, dims, images.clone(), &mut columns);
+                let upstream = gathered(grad, dims, out_channels, images, &mut gathered_grad);
+                matmul(
+                    &mut partial,
+                    n > 0,
+                    (upstream, Matrix::row_major(out_channels, width)),
+                    (&columns, Matrix::row_major(dims.rows(), width).transposed()),
+                );
+            }
+            partial
+        })
+        .collect();
+    let mut partials = partials.into_iter();
+    let mut total = partials.next().unwrap_or_else(|| vec![0.0; len]);
+    for partial in partials {
+        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{block, block_size, sizes};
+    use crate::geometry::ConvGeometry;
+    use burn::tensor::Shape;
+
+    #[test]
+    fn blocks_hold_enough_positions_and_cover_the_batch() {
+        let (large, _, _) = sizes(
+            &Shape::new([32, 16, 32, 32]),
+            &Shape::new([16, 16, 3, 3]),
+            ConvGeometry::new().with_padding([(1, 1), (1, 1)]),
+        );
+        assert_eq!(block_size(&large), 1);
+        let (small, _, _) = sizes(
+            &Shape::new([5, 8, 4, 4]),
+            &Shape::new([2, 8, 1, 1]),
+            ConvGeometry::new(),
+        );
+        assert_eq!(block_size(&small), 16);
+        assert_eq!(block(0, 16, 5), 0..5);
+        assert_eq!(block(2, 3, 7), 6..7);
+    }
+}

@@ -1,0 +1,285 @@
+//! im2col and col2im over plain `f32` slices: the data movement around a convolution's GEMMs.
+//!
+//! The column matrix of images `n0..n1` is `[K, nc, Ho, Wo]` with `K = Cin·kh·kw` ordered as
+//! the weight's `[Cout, Cin, kh, kw]` flattens, so `weight [Cout, K] × columns [K, nc·Ho·Wo]`
+//! is the convolution of those images. Both passes split their work into pieces that never
+//! write the same element (rows of the column matrix; one (image, channel) plane of the
+//! input gradient) and add contributions in a fixed order, so results do not depend on the
+//! number of threads.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::geometry::ConvGeometry;
+
+/// The sizes of one convolution.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvDims {
+    /// Input channels.
+    pub channels: usize,
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Output height and width.
+    pub output: [usize; 2],
+    /// Stride, padding, dilation.
+    pub geometry: ConvGeometry,
+}
+
+impl ConvDims {
+    /// Rows of the column matrix: `Cin·kh·kw`.
+    pub fn rows(&self) -> usize {
+        self.channels * self.kernel[0] * self.kernel[1]
+    }
+
+    /// Output positions per image: `Ho·Wo`.
+    pub fn positions(&self) -> usize {
+        self.output[0] * self.output[1]
+    }
+
+    /// Elements of one input image: `Cin·H·W`.
+    pub fn image_len(&self) -> usize {
+        self.channels * self.input[0] * self.input[1]
+    }
+
+    /// The input coordinate along `dim` that output index `out` reads through kernel tap
+    /// `tap`, if it falls inside the (unpadded) input.
+    fn source(&self, dim: usize, out: usize, tap: usize) -> Option<usize> {
+        let g = &self.geometry;
+        (out * g.stride[dim] + tap * g.dilation[dim])
+            .checked_sub(g.padding[dim].0)
+            .filter(|&i| i < self.input[dim])
+    }
+
+    /// The output columns `wo` whose source column for tap `j` lies inside the input: a
+    /// contiguous range, so the inner loops run without bounds tests.
+    fn valid_columns(&self, j: usize) -> Range<usize> {
+        let g = &self.geometry;
+        let offset = j * g.dilation[1];
+        let before = g.padding[1].0;
+        let start = before.saturating_sub(offset).div_ceil(g.stride[1]);
+        // Largest wo with wo·s + offset − before ≤ W − 1.
+        let end = if self.input[1] + before > offset {
+            ((self.input[1] + before - offset - 1) / g.stride[1] + 1).min(self.output[1])
+        } else {
+            0
+        };
+        start.min(end)..end
+    }
+
+    /// Splits `kernel_row` (an index below `rows()`) into (channel, tap row, tap column).
+    fn tap(&self, kernel_row: usize) -> (usize, usize, usize) {
+        let [kh, kw] = self.kernel;
+        (
+            kernel_row / (kh * kw),
+            kernel_row / kw % kh,
+            kernel_row % kw,
+        )
+    }
+}
+
+/// Writes the columns of `images` of `x` (`[N, Cin, H, W]`, contiguous) into `columns`
+/// (`[K, images.len(), Ho, Wo]`).
+///
+/// # Panics
+///
+/// If `columns` does not have `K · images.len() · Ho · Wo` elements or `x` is too short for
+/// `images`.
+pub(crate) fn im2col(x: &[f32], dims: &ConvDims, images: Range<usize>, columns: &mut [f32]) {
+    let count = images.len();
+    let positions = dims.positions();
+    assert_eq!(columns.len(), dims.rows() * count * positions);
+    assert!(x.len() >= images.end * dims.image_len());
+    let [height, width] = dims.input;
+    let [out_h, out_w] = dims.output;
+    let stride_w = dims.geometry.stride[1];
+    columns
+        .par_chunks_mut(count * positions)
+        .enumerate()
+        .for_each(|(row, dst)| {
+            let (channel, i, j) = dims.tap(row);
+            let valid = dims.valid_columns(j);
+            // Source column of output column `valid.start`.
+            let first = (valid.start * stride_w + j * dims.geometry.dilation[1])
+                .wrapping_sub(dims.geometry.padding[1].0);
+            for (slot, image) in images.clone().enumerate() {
+                let plane =
+                    &x[(image * dims.channels + channel) * height * width..][..height * width];
+                for out_row in 0..out_h {
+                    let line = &mut dst[(slot * out_h + out_row) * out_w..][..out_w];
+                    let Some(src_row) = dims.source(0, out_row, i).filter(|_| !valid.is_empty())
+                    else {
+                        line.fill(0.0);
+                        continue;
+                    };
+                    line[..valid.start].fill(0.0);
+                    line[valid.end..].fill(0.0);
+                    let src = &plane[src_row * width..][..width];
+                    let inside = &mut line[valid.clone()];
+                    if stride_w == 1 {
+                        inside.copy_from_slice(&src[first..first + inside.len()]);
+                    } else {
+                        for (k, value) in inside.iter_mut().enumerate() {
+                            *value = src[first + k * stride_w];
+                        }
+                    }
+                }
+            }
+        });
+}
+
+/// Adds `columns` (`[K, images.len(), Ho, Wo]`, the gradient of the column matrix) back into
+/// `dx`, the input gradient of `images` (`[images.len(), Cin, H, W]`, contiguous).
+///
+/// # Panics
+///
+/// If a slice's length does not match `dims` and `images`.
+pub(crate) fn col2im(columns: &[f32], dims: &ConvDims, images: Range<usize>, dx: &mut [f32]) {
+    let count = images.len();
+    let positions = dims.positions();
+    assert_eq!(columns.len(), dims.rows() * count * positions);
+    assert_eq!(dx.len(), count * dims.image_len());
+    let [height, width] = dims.input;
+    let [kh, kw] = dims.kernel;
+    let [out_h, out_w] = dims.output;
+    let stride_w = dims.geometry.stride[1];
+    dx.par_chunks_mut(height * width)
+        .enumerate()
+        .for_each(|(plane_index, plane)| {
+            let (slot, channel) = (plane_index / dims.channels, plane_index % dims.channels);
+            for i in 0..kh {
+                for j in 0..kw {
+                    let row = (channel * kh + i) * kw + j;
+                    let src = &columns[(row * count + slot) * positions..][..positions];
+                    let valid = dims.valid_columns(j);
+                    let first = (valid.start * stride_w + j * dims.geometry.dilation[1])
+                        .wrapping_sub(dims.geometry.padding[1].0);
+                    for out_row in 0..out_h {
+                        let Some(dst_row) = dims.source(0, out_row, i) else {
+                            continue;
+                        };
+                        let line = &src[out_row * out_w..][valid.clone()];
+                        let dst = &mut plane[dst_row * width..][..width];
+                        for (k, value) in line.iter().enumerate() {
+                            dst[first + k * stride_w] += value;
+                        }
+                    }
+                }
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConvDims, col2im, im2col};
+    use crate::geometry::ConvGeometry;
+
+    /// Column matrix by the definition, one element at a time.
+    fn naive_im2col(x: &[f32], dims: &ConvDims, images: std::ops::Range<usize>) -> Vec<f32> {
+        let [h, w] = dims.input;
+        let [kh, kw] = dims.kernel;
+        let [oh, ow] = dims.output;
+        let g = dims.geometry;
+        let count = images.len();
+        let mut out = vec![0.0; dims.rows() * count * oh * ow];
+        for c in 0..dims.channels {
+            for i in 0..kh {
+                for j in 0..kw {
+                    let row = (c * kh + i) * kw + j;
+                    for (slot, n) in images.clone().enumerate() {
+                        for y in 0..oh {
+                            for x_ in 0..ow {
+                                let sy = (y * g.stride[0] + i * g.dilation[0]) as isize
+                                    - g.padding[0].0 as isize;
+                                let sx = (x_ * g.stride[1] + j * g.dilation[1]) as isize
+                                    - g.padding[1].0 as isize;
+                                let inside =
+                                    sy >= 0 && sx >= 0 && (sy as usize) < h && (sx as usize) < w;
+                                let value = if inside {
+                                    x[((n * dims.channels + c) * h + sy as usize) * w + sx as usize]
+                                } else {
+                                    0.0
+                                };
+                                out[((row * count + slot) * oh + y) * ow + x_] = value;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn dims(channels: usize, input: [usize; 2], kernel: [usize; 2], g: ConvGeometry) -> ConvDims {
+        ConvDims {
+            channels,
+            input,
+            kernel,
+            output: g.output_size(input, kernel).expect("valid shape"),
+            geometry: g,
+        }
+    }
+
+    fn cases() -> Vec<ConvDims> {
+        let g = ConvGeometry::new;
+        vec![
+            dims(3, [7, 6], [3, 3], g().with_padding([(1, 1), (1, 1)])),
+            dims(
+                2,
+                [8, 9],
+                [3, 3],
+                g().with_stride([2, 2]).with_padding([(1, 1), (1, 1)]),
+            ),
+            dims(4, [5, 5], [1, 1], g().with_stride([2, 2])),
+            dims(
+                2,
+                [9, 7],
+                [3, 2],
+                g().with_dilation([2, 1]).with_padding([(0, 2), (1, 0)]),
+            ),
+            dims(
+                1,
+                [6, 11],
+                [2, 5],
+                g().with_stride([1, 3]).with_padding([(3, 0), (0, 4)]),
+            ),
+        ]
+    }
+
+    fn input(len: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * 37 % 101) as f32) - 50.0).collect()
+    }
+
+    #[test]
+    fn im2col_matches_the_definition() {
+        for d in cases() {
+            let x = input(3 * d.image_len());
+            let images = 1..3;
+            let mut columns = vec![f32::NAN; d.rows() * 2 * d.positions()];
+            im2col(&x, &d, images.clone(), &mut columns);
+            assert_eq!(columns, naive_im2col(&x, &d, images), "{d:?}");
+        }
+    }
+
+    /// col2im is im2col's adjoint: <im2col(x), c> = <x, col2im(c)> for any x and c, exactly
+    /// in integers (the inputs are small whole numbers, so every sum is exact in f32).
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col() {
+        for d in cases() {
+            let count = 2;
+            let x = input(count * d.image_len());
+            let c: Vec<f32> = (0..d.rows() * count * d.positions())
+                .map(|i| ((i * 13 % 7) as f32) - 3.0)
+                .collect();
+            let mut columns = vec![0.0; c.len()];
+            im2col(&x, &d, 0..count, &mut columns);
+            let mut dx = vec![0.0; x.len()];
+            col2im(&c, &d, 0..count, &mut dx);
+            let lhs: f64 = columns.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
+            let rhs: f64 = x.iter().zip(&dx).map(|(a, b)| (a * b) as f64).sum();
+            assert_eq!(lhs, rhs, "{d:?}");
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! kiln's own compute kernels for Burn's CPU backend (Flex).
+//!
+//! Burn 0.22 lets a crate register an operation with its runtime dispatch (a *backend
+//! extension*) and give it a handwritten backward pass under autodiff. kiln uses that for the
+//! operation that dominates a convolutional network's training step on the CPU:
+//!
+//! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution as im2col + one GEMM per chunk of
+//!   images, whose backward is two more GEMMs and a col2im, instead of Flex's tiled forward,
+//!   transposed convolution (input gradient) and dilated convolution (weight gradient).
+//!   Equal to Burn's convolution within float rounding, forward and backward; other backends,
+//!   half-precision inputs and grouped convolutions run Burn's own.
+//!
+//! Results do not depend on the thread count: work is split into pieces that never write the
+//! same element, and every sum runs in an order fixed by the shapes.
+#![warn(missing_docs)]
+
+mod conv2d;
+mod extension;
+mod flex_conv;
+mod gemm;
+mod geometry;
+mod im2col;
+#[cfg(test)]
+mod tests;
+
+pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
+pub use extension::ConvKernel;
+pub use geometry::ConvGeometry;
