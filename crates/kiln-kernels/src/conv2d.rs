@@ -7,7 +7,7 @@ use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::tensor::{DType, Tensor};
 
-use crate::extension::ConvKernel;
+use crate::conv_extension::ConvKernel;
 use crate::geometry::ConvGeometry;
 
 /// `conv.forward(x)`, computed by kiln's im2col + GEMM kernel where it applies (see
@@ -56,8 +56,12 @@ pub fn conv2d(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
 /// convolutions take Burn's convolution (Flex computes half-precision convolutions through
 /// f32 anyway; the GPU backends have their own tuned kernels).
 pub fn uses_kiln_kernel(x: &Tensor<4>) -> bool {
-    let device = x.device().inner();
-    matches!(device.as_dispatch(), DispatchDevice::Flex(_)) && x.dtype() == DType::F32
+    on_flex(x) && x.dtype() == DType::F32
+}
+
+/// Whether `x` lives on Burn's CPU backend, with or without autodiff.
+pub(crate) fn on_flex<const D: usize>(x: &Tensor<D>) -> bool {
+    matches!(x.device().inner().as_dispatch(), DispatchDevice::Flex(_))
 }
 
 /// Convolution of `x` `[N, Cin, H, W]` with `weight` `[Cout, Cin, kh, kw]` (no groups) and an

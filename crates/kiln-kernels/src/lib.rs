@@ -9,20 +9,30 @@
 //!   transposed convolution (input gradient) and dilated convolution (weight gradient).
 //!   Equal to Burn's convolution within float rounding, forward and backward; other backends,
 //!   half-precision inputs and grouped convolutions run Burn's own.
+//! - [`batch_norm_train`] — training-mode batch norm straight on the NCHW layout: statistics
+//!   in one pass per channel, output in one pass, backward in two, instead of Burn's generic
+//!   composition (which copies the activation to channels-first several times per layer).
 //!
 //! Results do not depend on the thread count: work is split into pieces that never write the
 //! same element, and every sum runs in an order fixed by the shapes.
 #![warn(missing_docs)]
 
+mod batch_norm;
+#[cfg(test)]
+mod batch_norm_tests;
 mod conv2d;
-mod extension;
+mod conv_extension;
+#[cfg(test)]
+mod conv_tests;
+mod flex_batch_norm;
 mod flex_conv;
 mod gemm;
 mod geometry;
 mod im2col;
-#[cfg(test)]
-mod tests;
+mod norm_extension;
 
+pub use batch_norm::{NormalizedBatch, batch_norm_train};
+pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
-pub use extension::ConvKernel;
 pub use geometry::ConvGeometry;
+pub use norm_extension::BatchNormKernel;

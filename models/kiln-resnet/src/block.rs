@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
 use burn::tensor::activation::relu;
-use burn::tensor::module::{batch_norm, batch_norm_train};
+use burn::tensor::module::batch_norm;
 use burn::tensor::{Device, FloatDType, Tensor};
 use kiln_kernels::conv2d;
 
@@ -27,13 +27,23 @@ pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     let stats = bn.running_mean.value().dtype();
     let input = x.dtype();
     if input == layer && layer == stats {
-        bn.forward(x)
+        same_dtype_norm(bn, x)
     } else if input != layer {
-        bn.forward(x.cast(FloatDType::from(layer)))
-            .cast(FloatDType::from(input))
+        same_dtype_norm(bn, x.cast(FloatDType::from(layer))).cast(FloatDType::from(input))
     } else {
         half_norm(bn, x)
     }
+}
+
+/// `bn.forward(x)` with training-mode normalisation on kiln's batch-norm kernel
+/// (`kiln_kernels::batch_norm_train`: Burn's arithmetic, without its channels-first copies).
+fn same_dtype_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
+    if !(x.device().is_autodiff() && bn.training.is_enabled()) {
+        return bn.forward(x);
+    }
+    let batch = kiln_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
+    kiln_core::update_running_statistics(bn, batch.mean.detach(), batch.variance.detach());
+    batch.output
 }
 
 /// Batch norm with half-precision weights and input, and running statistics in their own
@@ -41,9 +51,9 @@ pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
 fn half_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     let half = FloatDType::from(x.dtype());
     if x.device().is_autodiff() && bn.training.is_enabled() {
-        let result = batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
-        kiln_core::update_running_statistics(bn, result.mean.detach(), result.variance.detach());
-        result.output
+        let batch = kiln_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
+        kiln_core::update_running_statistics(bn, batch.mean.detach(), batch.variance.detach());
+        batch.output
     } else {
         let mean = bn.running_mean.value().cast(half);
         let var = bn.running_var.value().cast(half);

@@ -202,7 +202,10 @@ fn a_wrong_convolution_fails_the_comparison() {
     let upstream = conv.forward(x.clone()).detach().ones_like();
     let (_, got, ..) = forward_and_grads(&conv, &x, &upstream, true);
     let (_, want, ..) = forward_and_grads(&conv, &x, &upstream, false);
-    let dropped = got.slice_assign([0..1, 0..3, 0..9, 0..9], Tensor::zeros([1, 3, 9, 9], &device));
+    let dropped = got.slice_assign(
+        [0..1, 0..3, 0..9, 0..9],
+        Tensor::zeros([1, 3, 9, 9], &device),
+    );
     assert!(relative_error(dropped, want) > 1e-2);
 }
 

@@ -1,0 +1,78 @@
+//! The entry point: training-mode batch norm on kiln's kernel where it applies, Burn's
+//! otherwise.
+
+use burn::tensor::module::batch_norm_train as burn_batch_norm_train;
+use burn::tensor::{DType, Tensor};
+
+use crate::conv2d::on_flex;
+use crate::norm_extension::BatchNormKernel;
+
+/// A batch normalised with its own statistics: the output and the per-channel mean and biased
+/// variance (what running statistics are updated from; they carry no gradient).
+#[derive(Debug, Clone)]
+pub struct NormalizedBatch {
+    /// `(x − mean) / √(variance + ε) · γ + β`.
+    pub output: Tensor<4>,
+    /// Per-channel mean of the batch.
+    pub mean: Tensor<1>,
+    /// Per-channel biased variance of the batch.
+    pub variance: Tensor<1>,
+}
+
+/// Burn's `batch_norm_train` for `[N, C, H, W]` inputs, computed by kiln's kernel on Burn's
+/// CPU backend (Flex) when input and parameters are f32, and by Burn otherwise. Equal to
+/// Burn's within float rounding, output and gradients.
+///
+/// ```
+/// use burn::tensor::{Device, Distribution, Tensor};
+///
+/// let device = Device::flex().autodiff();
+/// let x = Tensor::<4>::random([4, 3, 5, 5], Distribution::Default, &device).require_grad();
+/// let gamma = Tensor::<1>::ones([3], &device).require_grad();
+/// let beta = Tensor::<1>::zeros([3], &device).require_grad();
+/// let batch = kiln_kernels::batch_norm_train(x.clone(), gamma, beta, 1e-5);
+/// assert_eq!(batch.mean.dims(), [3]);
+/// let grads = (batch.output * x.clone()).sum().backward();
+/// assert!(x.grad(&grads).is_some());
+/// ```
+///
+/// # Panics
+///
+/// If `gamma` or `beta` does not have one entry per channel.
+pub fn batch_norm_train(
+    x: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    epsilon: f64,
+) -> NormalizedBatch {
+    let channels = x.dims()[1];
+    assert_eq!(
+        gamma.dims(),
+        [channels],
+        "batch norm: one gamma per channel"
+    );
+    assert_eq!(beta.dims(), [channels], "batch norm: one beta per channel");
+    let f32s = [x.dtype(), gamma.dtype(), beta.dtype()]
+        .iter()
+        .all(|&d| d == DType::F32);
+    if !(on_flex(&x) && f32s) {
+        let result = burn_batch_norm_train(x, gamma, beta, epsilon);
+        return NormalizedBatch {
+            output: result.output,
+            mean: result.mean,
+            variance: result.variance,
+        };
+    }
+    let (output, mean, variance) =
+        <burn::backend::Dispatch as BatchNormKernel>::kiln_batch_norm_train(
+            x.into_dispatch(),
+            gamma.into_dispatch(),
+            beta.into_dispatch(),
+            epsilon,
+        );
+    NormalizedBatch {
+        output: Tensor::from_dispatch(output),
+        mean: Tensor::from_dispatch(mean),
+        variance: Tensor::from_dispatch(variance),
+    }
+}

@@ -1,0 +1,179 @@
+//! Training-mode batch norm on Flex tensors, straight on the NCHW layout: the statistics in
+//! one parallel pass per channel, the output in one pass per (image, channel) plane; the
+//! backward's two per-channel sums in one pass and the input gradient in one more.
+//!
+//! Burn's generic batch norm builds both from tensor operations that first transpose the
+//! whole activation to channels-first (a full copy) several times per layer. Here each
+//! channel's sums run sequentially in f64 (so they do not depend on the thread count and lose
+//! nothing to cancellation), and the work is split by channel or by plane.
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Flex, FlexDevice, TensorMetadata};
+use burn::tensor::{DType, FloatDType, Shape, TensorData};
+use rayon::prelude::*;
+
+type FlexTensor = FloatTensor<Flex>;
+
+/// The layout of a `[N, C, ...]` activation: (images, channels, elements per plane).
+fn layout(shape: &Shape) -> (usize, usize, usize) {
+    let dims = shape.clone().dims::<4>();
+    (dims[0], dims[1], dims[2] * dims[3])
+}
+
+fn f32_values(tensor: FlexTensor) -> Vec<f32> {
+    let tensor = if tensor.dtype() == DType::F32 {
+        tensor
+    } else {
+        Flex::float_cast(tensor, FloatDType::F32)
+    };
+    let tensor = tensor.to_contiguous();
+    tensor
+        .as_slice::<f32>()
+        .expect("a contiguous f32 tensor")
+        .to_vec()
+}
+
+fn tensor(values: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
+    let tensor = Flex::float_from_data(TensorData::new(values, shape), &FlexDevice);
+    if dtype == DType::F32 {
+        tensor
+    } else {
+        Flex::float_cast(tensor, dtype.into())
+    }
+}
+
+/// The planes of channel `channel`, image by image.
+fn planes(
+    x: &[f32],
+    channels: usize,
+    plane: usize,
+    channel: usize,
+) -> impl Iterator<Item = &[f32]> {
+    x.chunks(plane).skip(channel).step_by(channels)
+}
+
+/// Normalises `x` `[N, C, H, W]` with its own per-channel statistics, then scales by `gamma`
+/// and shifts by `beta`: `(output, mean, biased variance)`, each in its input's dtype.
+pub(crate) fn forward(
+    x: FlexTensor,
+    gamma: FlexTensor,
+    beta: FlexTensor,
+    epsilon: f64,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let (dtype, stats_dtype) = (x.dtype(), gamma.dtype());
+    let shape = x.shape();
+    let (images, channels, plane) = layout(&shape);
+    let (x, gamma, beta) = (f32_values(x), f32_values(gamma), f32_values(beta));
+    let count = (images * plane) as f64;
+    let stats: Vec<(f64, f64)> = (0..channels)
+        .into_par_iter()
+        .map(|channel| {
+            let sum: f64 = planes(&x, channels, plane, channel)
+                .map(|p| p.iter().map(|&v| v as f64).sum::<f64>())
+                .sum();
+            let mean = sum / count;
+            let squares: f64 = planes(&x, channels, plane, channel)
+                .map(|p| p.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>())
+                .sum();
+            (mean, squares / count)
+        })
+        .collect();
+    // y = (x − μ)·a + β with a = γ/√(σ²+ε).
+    let affine: Vec<(f32, f32, f32)> = stats
+        .iter()
+        .zip(gamma.iter().zip(&beta))
+        .map(|(&(mean, var), (&g, &b))| {
+            let scale = g as f64 / (var + epsilon).sqrt();
+            (mean as f32, scale as f32, b)
+        })
+        .collect();
+    let mut output = vec![0.0f32; x.len()];
+    output
+        .par_chunks_mut(plane)
+        .zip(x.par_chunks(plane))
+        .enumerate()
+        .for_each(|(index, (out, input))| {
+            let (mean, scale, shift) = affine[index % channels];
+            out.iter_mut()
+                .zip(input)
+                .for_each(|(o, &v)| *o = (v - mean) * scale + shift);
+        });
+    let (means, variances): (Vec<f32>, Vec<f32>) =
+        stats.iter().map(|&(m, v)| (m as f32, v as f32)).unzip();
+    (
+        tensor(output, shape, dtype),
+        tensor(means, Shape::new([channels]), stats_dtype),
+        tensor(variances, Shape::new([channels]), stats_dtype),
+    )
+}
+
+/// Gradients of [`forward`] with respect to `x`, `gamma` and `beta`, given the output
+/// gradient and the `mean` and `variance` the forward returned.
+pub(crate) fn backward(
+    x: FlexTensor,
+    gamma: FlexTensor,
+    mean: FlexTensor,
+    variance: FlexTensor,
+    epsilon: f64,
+    grad: FlexTensor,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let (dtype, gamma_dtype) = (x.dtype(), gamma.dtype());
+    let shape = x.shape();
+    let (images, channels, plane) = layout(&shape);
+    let (x, grad) = (f32_values(x), f32_values(grad));
+    let (gamma, mean, variance) = (f32_values(gamma), f32_values(mean), f32_values(variance));
+    let inv_std: Vec<f64> = variance
+        .iter()
+        .map(|&v| 1.0 / (v as f64 + epsilon).sqrt())
+        .collect();
+    // Per channel: Σ dy and Σ dy·x̂.
+    let sums: Vec<(f64, f64)> = (0..channels)
+        .into_par_iter()
+        .map(|channel| {
+            let (m, s) = (mean[channel] as f64, inv_std[channel]);
+            planes(&x, channels, plane, channel)
+                .zip(planes(&grad, channels, plane, channel))
+                .fold((0.0, 0.0), |(dy, dyx), (xs, gs)| {
+                    let (a, b) = xs
+                        .iter()
+                        .zip(gs)
+                        .fold((0.0f64, 0.0f64), |(a, b), (&v, &g)| {
+                            (a + g as f64, b + g as f64 * (v as f64 - m) * s)
+                        });
+                    (dy + a, dyx + b)
+                })
+        })
+        .collect();
+    let count = (images * plane) as f64;
+    // dx = γ/σ · (dy − Σdy/M − x̂·Σ(dy·x̂)/M), written as dy·a + (x − μ)·b + c per channel.
+    let coefficients: Vec<(f32, f32, f32, f32)> = (0..channels)
+        .map(|c| {
+            let (sum_dy, sum_dyx) = sums[c];
+            let scale = gamma[c] as f64 * inv_std[c];
+            let slope = -scale * inv_std[c] * sum_dyx / count;
+            let offset = -scale * sum_dy / count;
+            (mean[c], scale as f32, slope as f32, offset as f32)
+        })
+        .collect();
+    let mut input_grad = vec![0.0f32; x.len()];
+    input_grad
+        .par_chunks_mut(plane)
+        .zip(x.par_chunks(plane).zip(grad.par_chunks(plane)))
+        .enumerate()
+        .for_each(|(index, (dx, (xs, gs)))| {
+            let (m, a, b, c) = coefficients[index % channels];
+            dx.iter_mut()
+                .zip(xs.iter().zip(gs))
+                .for_each(|(d, (&v, &g))| *d = g * a + (v - m) * b + c);
+        });
+    let (beta_grad, gamma_grad): (Vec<f32>, Vec<f32>) = sums
+        .iter()
+        .map(|&(dy, dyx)| (dy as f32, dyx as f32))
+        .unzip();
+    (
+        tensor(input_grad, shape, dtype),
+        tensor(gamma_grad, Shape::new([channels]), gamma_dtype),
+        tensor(beta_grad, Shape::new([channels]), gamma_dtype),
+    )
+}

@@ -1,0 +1,122 @@
+//! Training-mode batch norm registered with Burn's runtime dispatch: Flex runs
+//! [`flex_batch_norm`](crate::flex_batch_norm)'s passes, and Flex under autodiff records one
+//! backward step for the whole normalisation (statistics included).
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+
+use crate::flex_batch_norm;
+
+/// Backends that run kiln's batch-norm kernel. Call it through
+/// [`batch_norm_train`](crate::batch_norm_train), which routes other backends to Burn's.
+#[backend_extension(Flex, Autodiff)]
+pub trait BatchNormKernel: Backend {
+    /// `x` `[N, C, H, W]` normalised with its own per-channel statistics, scaled by `gamma`
+    /// and shifted by `beta`: `(output, mean, biased variance)`. Only the output carries a
+    /// gradient.
+    fn kiln_batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl BatchNormKernel for Flex {
+    fn kiln_batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        flex_batch_norm::forward(x, gamma, beta, epsilon)
+    }
+}
+
+/// The state the backward step needs: the input and gamma (as graph nodes), the batch's
+/// statistics and epsilon.
+type NormState = (NodeId, NodeId, FloatTensor<Flex>, FloatTensor<Flex>, f64);
+
+#[derive(Debug)]
+struct NormBackward;
+
+impl Backward<Flex, 3> for NormBackward {
+    type State = NormState;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        let (x_state, gamma_state, mean, variance, epsilon) = ops.state;
+        let x: FloatTensor<Flex> = checkpointer.retrieve_node_output(x_state);
+        let gamma: FloatTensor<Flex> = checkpointer.retrieve_node_output(gamma_state);
+        let (x_grad, gamma_grad, beta_grad) =
+            flex_batch_norm::backward(x, gamma, mean, variance, epsilon, grad);
+        for (node, grad) in [
+            (node_x, x_grad),
+            (node_gamma, gamma_grad),
+            (node_beta, beta_grad),
+        ] {
+            if let Some(node) = node {
+                grads.register::<Flex>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> BatchNormKernel for Autodiff<Flex, C> {
+    fn kiln_batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let constant = <Self as AutodiffBackend>::from_inner;
+        match NormBackward
+            .prepare::<C>([x.node(), gamma.node(), beta.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_state = prep.checkpoint(&x);
+                let gamma_state = prep.checkpoint(&gamma);
+                let (output, mean, variance) = flex_batch_norm::forward(
+                    x.into_primitive(),
+                    gamma.into_primitive(),
+                    beta.into_primitive(),
+                    epsilon,
+                );
+                let state = (
+                    x_state,
+                    gamma_state,
+                    mean.clone(),
+                    variance.clone(),
+                    epsilon,
+                );
+                (
+                    prep.finish(state, output),
+                    constant(mean),
+                    constant(variance),
+                )
+            }
+            OpsKind::UnTracked(prep) => {
+                let (output, mean, variance) = flex_batch_norm::forward(
+                    x.into_primitive(),
+                    gamma.into_primitive(),
+                    beta.into_primitive(),
+                    epsilon,
+                );
+                (prep.finish(output), constant(mean), constant(variance))
+            }
+        }
+    }
+}
