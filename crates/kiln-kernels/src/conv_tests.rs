@@ -115,6 +115,30 @@ fn cases() -> Vec<Case> {
             2,
             [8, 8],
         ),
+        // Unit stride, asymmetric padding: the input gradient as a flipped convolution.
+        (
+            3,
+            2,
+            [3, 3],
+            [1, 1],
+            Explicit(0, 2, 1, 0),
+            [1, 1],
+            false,
+            2,
+            [6, 5],
+        ),
+        // Unit stride, padding beyond a 1x1 kernel's reach: the scattered input gradient.
+        (
+            2,
+            3,
+            [1, 1],
+            [1, 1],
+            Explicit(1, 1, 1, 1),
+            [1, 1],
+            true,
+            2,
+            [4, 4],
+        ),
         // One image per block (1 024 positions), ten blocks in eight weight-gradient groups.
         (
             6,
@@ -213,7 +237,7 @@ fn a_wrong_convolution_fails_the_comparison() {
 fn results_do_not_depend_on_the_thread_count() {
     let device = Device::flex().autodiff();
     // One block; ten blocks in eight groups; a single image.
-    for index in [1, 7, 8] {
+    for index in [1, 9, 10] {
         let case = cases()[index].clone();
         let conv = build(&device, index, &case);
         let (cin, .., batch, [h, w]) = case;

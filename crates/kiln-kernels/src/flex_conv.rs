@@ -118,10 +118,22 @@ pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry)
     let dtype = x.dtype();
     let (dims, batch, out_channels) = sizes(&x.shape(), &weight.shape(), geometry);
     let (x, weight) = (to_f32(x).to_contiguous(), to_f32(weight).to_contiguous());
-    let (x, weight) = (values(&x), values(&weight));
+    let output = forward_values(values(&x), values(&weight), &dims, batch, out_channels);
+    let [out_h, out_w] = dims.output;
+    cast_back(from_vec(output, [batch, out_channels, out_h, out_w]), dtype)
+}
+
+/// The forward on plain slices: `x` `[N, Cin, H, W]`, `weight` `[Cout, Cin·kh·kw]`.
+fn forward_values(
+    x: &[f32],
+    weight: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
     let weight = (weight, Matrix::row_major(out_channels, dims.rows()));
     let positions = dims.positions();
-    let size = block_size(&dims);
+    let size = block_size(dims);
     let mut output = vec![0.0f32; batch * out_channels * positions];
     output
         .par_chunks_mut(size * out_channels * positions)
@@ -132,7 +144,7 @@ pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry)
                 let images = block(index, size, batch);
                 let width = images.len() * positions;
                 columns.resize(dims.rows() * width, 0.0);
-                im2col(x, &dims, images.clone(), columns);
+                im2col(x, dims, images.clone(), columns);
                 let columns = (&columns[..], Matrix::row_major(dims.rows(), width));
                 if images.len() == 1 {
                     matmul(out, false, weight, columns);
@@ -150,8 +162,7 @@ pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry)
                 }
             },
         );
-    let [out_h, out_w] = dims.output;
-    cast_back(from_vec(output, [batch, out_channels, out_h, out_w]), dtype)
+    output
 }
 
 /// The gradients of `forward(x, weight)` given the output gradient `grad`: the input's
@@ -182,8 +193,70 @@ pub(crate) fn backward(
     (input_grad, weight_grad)
 }
 
-/// `col2im(weightᵀ × grad)`, block by block.
+/// The input gradient: for unit strides a forward convolution of the output gradient with the
+/// kernel flipped and its channels swapped (an im2col and a GEMM whose inner dimension is
+/// `Cout·kh·kw`); otherwise `col2im(weightᵀ × grad)`, whose GEMM has only `Cout` there.
 fn input_gradient(
+    weight: &[f32],
+    grad: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
+    if let Some(transposed) = transposed_dims(dims, out_channels) {
+        let flipped = flipped_weight(weight, dims, out_channels);
+        return forward_values(grad, &flipped, &transposed, batch, dims.channels);
+    }
+    scattered_input_gradient(weight, grad, dims, batch, out_channels)
+}
+
+/// The convolution whose output is the input gradient of a unit-stride convolution `dims`
+/// (over the output gradient, `out_channels` channels): the same kernel and dilation, padding
+/// `dilation·(k − 1) − padding` on each side. `None` for other strides, or when a padding
+/// exceeds the dilated kernel's reach (the gradient then has no such form).
+fn transposed_dims(dims: &ConvDims, out_channels: usize) -> Option<ConvDims> {
+    let g = dims.geometry;
+    if g.stride != [1, 1] {
+        return None;
+    }
+    let reach = |d: usize| g.dilation[d] * (dims.kernel[d] - 1);
+    let pad = |d: usize, side: usize| reach(d).checked_sub(side);
+    let padding = [
+        (pad(0, g.padding[0].0)?, pad(0, g.padding[0].1)?),
+        (pad(1, g.padding[1].0)?, pad(1, g.padding[1].1)?),
+    ];
+    let geometry = ConvGeometry::new()
+        .with_padding(padding)
+        .with_dilation(g.dilation);
+    let output = geometry.output_size(dims.output, dims.kernel)?;
+    (output == dims.input).then_some(ConvDims {
+        channels: out_channels,
+        input: dims.output,
+        kernel: dims.kernel,
+        output,
+        geometry,
+    })
+}
+
+/// `weight` `[Cout, Cin, kh, kw]` as `[Cin, Cout, kh, kw]`, each kernel rotated by 180°.
+fn flipped_weight(weight: &[f32], dims: &ConvDims, out_channels: usize) -> Vec<f32> {
+    let [kh, kw] = dims.kernel;
+    let taps = kh * kw;
+    let mut flipped = vec![0.0f32; weight.len()];
+    for o in 0..out_channels {
+        for c in 0..dims.channels {
+            let src = &weight[(o * dims.channels + c) * taps..][..taps];
+            let dst = &mut flipped[(c * out_channels + o) * taps..][..taps];
+            for (d, s) in dst.iter_mut().zip(src.iter().rev()) {
+                *d = *s;
+            }
+        }
+    }
+    flipped
+}
+
+/// `col2im(weightᵀ × grad)`, block by block.
+fn scattered_input_gradient(
     weight: &[f32],
     grad: &[f32],
     dims: &ConvDims,
