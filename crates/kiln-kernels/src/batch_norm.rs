@@ -20,8 +20,9 @@ pub struct NormalizedBatch {
 }
 
 /// Burn's `batch_norm_train` for `[N, C, H, W]` inputs, computed by kiln's kernel on Burn's
-/// CPU backend (Flex) when input and parameters are f32, and by Burn otherwise. Equal to
-/// Burn's within float rounding, output and gradients.
+/// CPU backend (Flex) and by Burn otherwise. Equal to Burn's within float rounding, output
+/// and gradients. Half-precision inputs are computed in f32 (sums in f64) and cast back; the
+/// statistics come back in `gamma`'s dtype.
 ///
 /// ```
 /// use burn::tensor::{Device, Distribution, Tensor};
@@ -52,10 +53,10 @@ pub fn batch_norm_train(
         "batch norm: one gamma per channel"
     );
     assert_eq!(beta.dims(), [channels], "batch norm: one beta per channel");
-    let f32s = [x.dtype(), gamma.dtype(), beta.dtype()]
+    let floats = [x.dtype(), gamma.dtype(), beta.dtype()]
         .iter()
-        .all(|&d| d == DType::F32);
-    if !(on_flex(&x) && f32s) {
+        .all(DType::is_float);
+    if !(on_flex(&x) && floats) {
         let result = burn_batch_norm_train(x, gamma, beta, epsilon);
         return NormalizedBatch {
             output: result.output,

@@ -3,7 +3,7 @@
 //! the thread count.
 
 use burn::tensor::module::batch_norm_train as burn_batch_norm_train;
-use burn::tensor::{Device, Distribution, Tensor};
+use burn::tensor::{DType, Device, Distribution, Tensor};
 
 use crate::batch_norm_train;
 
@@ -134,4 +134,44 @@ fn batch_norm_does_not_depend_on_the_thread_count() {
     one.gamma_grad
         .into_data()
         .assert_eq(&three.gamma_grad.into_data(), true);
+}
+
+#[test]
+fn half_precision_batch_norm_is_computed_in_f32_and_cast_back() {
+    // bf16 inputs: the result comes back in bf16 and within bf16's rounding (2^-8 per value,
+    // 2e-2 with room) of the f32 normalisation of the same rounded inputs.
+    let device = Device::flex().autodiff();
+    let (x, gamma, beta, upstream) = inputs(&device, [4, 3, 5, 5], 0.5);
+    let round = |t: Tensor<4>| t.cast(DType::BF16).cast(DType::F32);
+    let want = run(
+        &(
+            round(x.clone()),
+            gamma.clone(),
+            beta.clone(),
+            upstream.clone(),
+        ),
+        false,
+    );
+    let half = |t: Tensor<1>| t.cast(DType::BF16);
+    let inputs = (
+        x.cast(DType::BF16),
+        half(gamma),
+        half(beta),
+        upstream.cast(DType::BF16),
+    );
+    let got = run(&inputs, true);
+    assert_eq!(got.output.dtype(), DType::BF16);
+    assert_eq!(got.x_grad.dtype(), DType::BF16);
+    for (what, error) in [
+        (
+            "output",
+            relative_error(got.output.cast(DType::F32), want.output),
+        ),
+        (
+            "x gradient",
+            relative_error(got.x_grad.cast(DType::F32), want.x_grad),
+        ),
+    ] {
+        assert!(error <= 2e-2, "bf16 {what} differs by {error}");
+    }
 }

@@ -261,7 +261,7 @@ fn results_do_not_depend_on_the_thread_count() {
 }
 
 #[test]
-fn half_precision_and_inference_take_the_right_paths() {
+fn inference_and_half_precision_run_the_kernel() {
     let device = Device::flex();
     let case = cases()[0].clone();
     let conv = build(&device, 0, &case);
@@ -270,25 +270,40 @@ fn half_precision_and_inference_take_the_right_paths() {
     assert!(uses_kiln_kernel(&x));
     let error = relative_error(conv2d(&conv, x.clone()), conv.forward(x.clone()));
     assert!(error <= TOLERANCE, "inference output differs by {error}");
-    // bf16 goes to Burn's convolution, and gives Burn's result.
-    let half = x.cast(DType::BF16);
-    assert!(!uses_kiln_kernel(&half));
-    let half_conv = conv.clone().map(&mut kiln_core_cast_bf16());
-    let got = conv2d(&half_conv, half.clone()).cast(DType::F32);
-    let want = half_conv.forward(half).cast(DType::F32);
-    got.into_data().assert_eq(&want.into_data(), true);
-}
-
-/// A module mapper casting every float parameter to bf16.
-fn kiln_core_cast_bf16() -> impl burn::module::ModuleMapper {
-    struct ToBf16;
-    impl burn::module::ModuleMapper for ToBf16 {
-        fn map_float<const D: usize>(
-            &mut self,
-            param: burn::module::Param<Tensor<D>>,
-        ) -> burn::module::Param<Tensor<D>> {
-            param.map(|t| t.cast(DType::BF16))
+    // Half-precision inputs run it through f32 and come back in their dtype, within a half
+    // type's rounding of Burn's half-precision convolution (bf16 keeps 8 bits: 2^-8 = 4e-3
+    // per value, 2e-2 leaves room for the sums' rounding), gradients included.
+    let training = Device::flex().autodiff();
+    for dtype in [DType::BF16, DType::F16] {
+        let conv = build(&training, 0, &case).map(&mut Cast(dtype));
+        let x = Tensor::<4>::random([2, 3, 9, 9], Distribution::Normal(0.0, 1.0), &training)
+            .cast(dtype);
+        assert!(uses_kiln_kernel(&x));
+        let upstream = conv.forward(x.clone()).detach().ones_like();
+        let got = forward_and_grads(&conv, &x, &upstream, true);
+        let want = forward_and_grads(&conv, &x, &upstream, false);
+        assert_eq!(got.0.dtype(), dtype);
+        for (what, got, want) in [
+            ("output", got.0, want.0),
+            ("input gradient", got.1, want.1),
+            ("weight gradient", got.2, want.2),
+        ] {
+            assert_eq!(got.dtype(), dtype, "{dtype:?} {what}");
+            let error = relative_error(got.cast(DType::F32), want.cast(DType::F32));
+            assert!(error <= 2e-2, "{dtype:?}: {what} differs by {error}");
         }
     }
-    ToBf16
+}
+
+/// A module mapper casting every float parameter to one dtype.
+struct Cast(DType);
+
+impl burn::module::ModuleMapper for Cast {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<D>>,
+    ) -> burn::module::Param<Tensor<D>> {
+        let dtype = self.0;
+        param.map(|t| t.cast(dtype).detach().require_grad())
+    }
 }
