@@ -129,9 +129,10 @@ pub struct Args {
     #[arg(long)]
     pub zero1: bool,
     /// Compute precision: f32, or mixed precision with f16 (loss-scaled) or bf16 compute and
-    /// f32 master weights; every data-parallel option works with it. On the CPU backend (Flex) this saves activation memory but not
-    /// time: bf16 matmuls and convolutions compute through f32 and f16 kernels are slower than
-    /// f32's, so a CPU step is slower with --amp (see the README's limitations).
+    /// f32 master weights; every data-parallel option works with it. On the CPU backend (Flex) it
+    /// saves activation memory, not time: kiln's convolution and batch norm compute half inputs
+    /// in f32, so a bf16 step runs at about f32's speed, and an f16 step about 1.8x slower
+    /// (Flex's f16 element-wise kernels; see the README's limitations).
     #[arg(long, value_enum, default_value_t = AmpArg::F32)]
     pub amp: AmpArg,
     /// Clip gradients to this global norm (over every parameter, after the all-reduce; over

@@ -190,6 +190,18 @@ fn stages_hold_only_their_parameters_and_1f1b_bounds_the_activations_in_flight()
                 _ => micro,
             };
             assert_eq!(stage.peak_in_flight, bound, "{kind}: stage {index}");
+            // Compute times per chunk; the schedule's prediction cannot end before a stage
+            // has done its own work on every micro-batch.
+            assert_eq!(stage.forward_time.len(), 1, "{kind}: one chunk per stage");
+            assert_eq!(stage.backward_time.len(), 1, "{kind}: one chunk per stage");
+            let own = (stage.forward_time[0] + stage.backward_time[0]) * micro as u32;
+            assert!(!own.is_zero(), "{kind}: stage {index} timed its compute");
+            // (1 µs for the seconds-as-f64 round trip of the simulation)
+            assert!(
+                report.predicted_step_time + Duration::from_micros(1) >= own,
+                "{kind}: predicted {:?} < stage {index}'s own work {own:?}",
+                report.predicted_step_time
+            );
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::stage::Stage;
 use crate::runtime::worker::{Links, StepData, StepDone, run_stage};
 use crate::runtime::{PipelineConfig, PipelineError};
-use crate::schedule::Schedule;
+use crate::schedule::{Costs, Schedule, simulate};
 
 /// What one stage held and did.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +28,10 @@ pub struct StageReport {
     pub peak_in_flight: usize,
     /// Fraction of the step time it computed, averaged over steps after the first.
     pub busy_fraction: f64,
+    /// Mean forward time of one micro-batch, per chunk (steps after the first).
+    pub forward_time: Vec<Duration>,
+    /// Mean backward time of one micro-batch, per chunk (steps after the first).
+    pub backward_time: Vec<Duration>,
 }
 
 /// What a pipeline run did, and the trained parameters.
@@ -39,6 +43,10 @@ pub struct PipelineReport {
     pub stages: Vec<StageReport>,
     /// Mean step time after the first step.
     pub step_time: Duration,
+    /// The step time the schedule predicts from the measured per-chunk forward and backward
+    /// times (its simulation, bubble included, transfers and the optimizer step not): what
+    /// `step_time` would be if the stages did nothing but compute and wait for each other.
+    pub predicted_step_time: Duration,
     /// The trained trainable parameters, by path.
     pub params: HashMap<String, Vec<f32>>,
 }
@@ -185,7 +193,7 @@ impl Pipeline {
                     })
                 }));
             }
-            finish(driven, results)
+            finish(driven, results, &plan)
         })
     }
 }
@@ -282,11 +290,13 @@ struct ToStages<'a> {
     abort: &'a Abort,
 }
 
-/// What the driver measured.
+/// What the driver measured (times summed over the timed steps).
 #[derive(Default)]
 struct Driven {
     losses: Vec<f32>,
     busy: Vec<Duration>,
+    forward: Vec<Vec<Duration>>,
+    backward: Vec<Vec<Duration>>,
     peak: Vec<usize>,
     step_time: Duration,
 }
@@ -308,6 +318,8 @@ fn drive(
     let mut driven = Driven {
         losses: Vec::with_capacity(steps),
         busy: vec![Duration::ZERO; stages],
+        forward: vec![Vec::new(); stages],
+        backward: vec![Vec::new(); stages],
         peak: vec![0; stages],
         step_time: Duration::ZERO,
     };
@@ -349,7 +361,10 @@ fn drive(
                 })?;
             loss_sum += report.loss_sum;
             if step > 0 || steps == 1 {
-                driven.busy[report.stage] += report.busy;
+                let stage = report.stage;
+                driven.busy[stage] += report.busy;
+                add_into(&mut driven.forward[stage], &report.forward);
+                add_into(&mut driven.backward[stage], &report.backward);
             }
             driven.peak[report.stage] = driven.peak[report.stage].max(report.peak_in_flight);
         }
@@ -363,6 +378,12 @@ fn drive(
         driven.losses.push(loss);
     }
     Ok(driven)
+}
+
+/// Adds `times` element-wise into `total` (which starts empty).
+fn add_into(total: &mut Vec<Duration>, times: &[Duration]) {
+    total.resize(times.len().max(total.len()), Duration::ZERO);
+    total.iter_mut().zip(times).for_each(|(t, d)| *t += *d);
 }
 
 /// `batch` cut into `count` micro-batches along the batch dimension (sizes differ by at most
@@ -394,6 +415,7 @@ fn cut(batch: ImageBatch, count: usize) -> Result<Vec<ImageBatch>, PipelineError
 fn finish<M: ImageClassifier>(
     driven: Result<Driven, PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
+    plan: &Schedule,
 ) -> Result<PipelineReport, PipelineError> {
     let mut errors = Vec::new();
     let mut trained = Vec::with_capacity(results.len());
@@ -426,17 +448,47 @@ fn finish<M: ImageClassifier>(
             params.insert(entry.info.path.clone(), values);
         }
         let busy = driven.busy[index] / steps_timed;
+        let per_micro_batch = |times: &[Duration]| -> Vec<Duration> {
+            let count = steps_timed * plan.micro_batches() as u32;
+            times.iter().map(|t| *t / count.max(1)).collect()
+        };
         stages.push(StageReport {
             segments: stage.chunks().to_vec(),
             param_bytes: stage.param_bytes,
             peak_in_flight: driven.peak[index],
             busy_fraction: busy.as_secs_f64() / step_time.as_secs_f64().max(1e-12),
+            forward_time: per_micro_batch(&driven.forward[index]),
+            backward_time: per_micro_batch(&driven.backward[index]),
         });
     }
+    let predicted_step_time = predicted_step_time(&stages, plan);
     Ok(PipelineReport {
         losses: driven.losses,
         stages,
         step_time,
+        predicted_step_time,
         params,
     })
+}
+
+/// The schedule's simulated step time with each virtual stage's measured compute times.
+fn predicted_step_time(stages: &[StageReport], plan: &Schedule) -> Duration {
+    let virtual_stages = plan.virtual_stages();
+    let (mut forward, mut backward) = (vec![0.0; virtual_stages], vec![0.0; virtual_stages]);
+    for (index, stage) in stages.iter().enumerate() {
+        for (chunk, (f, b)) in stage
+            .forward_time
+            .iter()
+            .zip(&stage.backward_time)
+            .enumerate()
+        {
+            let v = plan.virtual_stage(index, chunk);
+            forward[v] = f.as_secs_f64();
+            backward[v] = b.as_secs_f64();
+        }
+    }
+    let costs = Costs::per_virtual_stage(forward, backward);
+    simulate(plan, &costs)
+        .map(|timeline| Duration::from_secs_f64(timeline.step_time()))
+        .unwrap_or_default()
 }

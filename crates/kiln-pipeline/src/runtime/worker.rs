@@ -24,7 +24,7 @@ pub(crate) struct StepData {
 }
 
 /// What a stage reports after a step.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct StepDone {
     pub stage: usize,
     /// Loss summed over samples, correct predictions (the last stage only).
@@ -32,6 +32,10 @@ pub(crate) struct StepDone {
     pub correct: usize,
     /// Time spent in forward and backward.
     pub busy: Duration,
+    /// Time spent in forward, per chunk, summed over micro-batches.
+    pub forward: Vec<Duration>,
+    /// Time spent in backward, per chunk, summed over micro-batches.
+    pub backward: Vec<Duration>,
     /// The most micro-batches (counting each chunk) whose forward had run and backward not.
     pub peak_in_flight: usize,
 }
@@ -62,6 +66,8 @@ where
         let samples: usize = sizes.iter().sum();
         let mut report = StepDone {
             stage: index,
+            forward: vec![Duration::ZERO; schedule.chunks()],
+            backward: vec![Duration::ZERO; schedule.chunks()],
             ..StepDone::default()
         };
         // Outputs waiting to be sent or handed to this stage's next chunk, inputs received,
@@ -89,7 +95,9 @@ where
                         .then(|| data.micro_batches[micro].labels.clone());
                     let start = Instant::now();
                     let (state, loss) = stage.forward(chunk, input, labels);
-                    report.busy += start.elapsed();
+                    let elapsed = start.elapsed();
+                    report.busy += elapsed;
+                    report.forward[chunk] += elapsed;
                     if let Some((loss, correct)) = loss {
                         report.loss_sum += f64::from(loss) * sizes[micro] as f64;
                         report.correct += correct;
@@ -137,7 +145,9 @@ where
                     let start = Instant::now();
                     let grad =
                         stage.backward(index, chunk, state, upstream, sizes[micro] as f32)?;
-                    report.busy += start.elapsed();
+                    let elapsed = start.elapsed();
+                    report.busy += elapsed;
+                    report.backward[chunk] += elapsed;
                     in_flight -= 1;
                     if let Some(grad) = grad {
                         input_grads.insert((micro, virtual_stage), grad);
