@@ -9,6 +9,7 @@ mod ddp;
 mod loader;
 mod overhead;
 mod peer;
+mod pipeline;
 mod profile;
 mod threads;
 mod throughput;
@@ -41,7 +42,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 8] = [
+const SUITE: [(&str, Bench); 9] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -50,6 +51,7 @@ const SUITE: [(&str, Bench); 8] = [
     ("threads", threads::run),
     ("profile", profile::run),
     ("peer", peer::run),
+    ("pipeline", pipeline::run),
 ];
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
