@@ -173,6 +173,11 @@ pub struct Args {
     /// Print the pipeline schedule as a time x stage chart before training.
     #[arg(long)]
     pub show_schedule: bool,
+    /// With --pipeline P: D data-parallel pipelines (--devices names D x P entries, pipeline
+    /// after pipeline); each step takes D batches, and the copies of each stage add their
+    /// gradients before the optimizer step.
+    #[arg(long, default_value_t = 1, value_parser = positive())]
+    pub data_parallel: usize,
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -193,8 +198,8 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
         );
     }
     if args.pipeline.is_some() {
-        // The pipeline runtime trains one pipeline in this process, in f32 (data-parallel
-        // groups, MPI stages and mixed precision come next).
+        // The pipeline runtime trains pipelines in this process, in f32 (MPI stages and
+        // mixed precision come next).
         let unsupported = [
             (args.comm == CommArg::Mpi, "--comm mpi"),
             (args.amp != AmpArg::F32, "--amp"),
@@ -220,15 +225,19 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
             .collect();
         if !named.is_empty() {
             return Err(format!(
-                "--pipeline does not support {} yet: it trains one f32 pipeline in this process",
+                "--pipeline does not support {} yet: it trains f32 pipelines in this process",
                 named.join(", ")
             ));
         }
     } else if args.show_schedule
         || args.micro_batches != 4
         || args.schedule != kiln::pipeline::schedule::ScheduleKind::OneFOneB
+        || args.data_parallel != 1
     {
-        return Err("--micro-batches, --schedule and --show-schedule need --pipeline".into());
+        return Err(
+            "--micro-batches, --schedule, --show-schedule and --data-parallel need --pipeline"
+                .into(),
+        );
     }
     if args.balance && args.comm == CommArg::Mpi {
         return Err("--balance works with --comm local only".into());
@@ -302,6 +311,10 @@ mod tests {
             &["--pipeline", "--amp", "--zero1"],
         );
         refused(&["--schedule", "gpipe"], &["--schedule", "--pipeline"]);
+        refused(
+            &["--data-parallel", "2"],
+            &["--data-parallel", "--pipeline"],
+        );
         for fine in [
             &["--amp", "bf16"][..],
             // Mixed precision is a mode of the one data-parallel step: every option works.

@@ -21,9 +21,11 @@ pub fn run(
     devices: Vec<Device>,
     stages: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    if devices.len() != stages {
+    let groups = args.data_parallel;
+    if devices.len() != groups * stages {
         return Err(format!(
-            "--pipeline {stages} needs {stages} --devices entries (one per stage), got {}",
+            "--pipeline {stages} --data-parallel {groups} needs {} --devices entries (one per stage of each pipeline), got {}",
+            groups * stages,
             devices.len()
         )
         .into());
@@ -46,12 +48,14 @@ pub fn run(
         .transforms(setup.transforms.clone())
         .device(devices[0].clone().autodiff())
         .build();
-    let steps = args.steps.unwrap_or(args.epochs * loader.num_batches());
+    let steps = args
+        .steps
+        .unwrap_or(args.epochs * loader.num_batches() / groups);
     let schedule = LrSchedule::constant(args.lr)
         .warmup((steps / 10).max(1))
         .cosine(steps, 0.0);
     println!(
-        "kiln: resnet{} width {} | {stages}-stage pipeline ({kind}, {} micro-batches of batch {}) on {} | {steps} steps",
+        "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each) on {} | {steps} steps",
         args.model, args.width, args.micro_batches, args.batch_size, args.devices
     );
     let build = |device: &Device| -> ResNet {
@@ -74,6 +78,7 @@ pub fn run(
         schedule: kind,
         micro_batches: args.micro_batches,
         threads_per_stage: args.threads,
+        data_parallel: groups,
         ..PipelineConfig::default()
     };
     let report = Pipeline::new(devices).config(config).train(
@@ -88,7 +93,7 @@ pub fn run(
     println!(
         "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} img/s",
         report.step_time.as_secs_f64() * 1e3,
-        args.batch_size as f64 / report.step_time.as_secs_f64().max(1e-9)
+        (groups * args.batch_size) as f64 / report.step_time.as_secs_f64().max(1e-9)
     );
     for (index, stage) in report.stages.iter().enumerate() {
         println!(

@@ -111,6 +111,7 @@ fn run_once(
         split: Some(split(kind)),
         threads_per_stage: Some((super::throughput::cores() / STAGES).max(1)),
         timeout: Duration::from_secs(120),
+        ..PipelineConfig::default()
     };
     Ok(Pipeline::new(vec![Device::flex(); STAGES])
         .config(config)

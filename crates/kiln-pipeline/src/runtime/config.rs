@@ -22,6 +22,11 @@ pub struct PipelineConfig {
     pub timeout: Duration,
     /// Compute threads of each stage's own pool (`None`: the cores divided among stages).
     pub threads_per_stage: Option<usize>,
+    /// Data-parallel pipelines (D): the devices form D pipelines of P stages (entries
+    /// `g·P .. (g+1)·P` are pipeline `g`), each step takes D consecutive batches of the loader
+    /// (one per pipeline), and the copies of each stage add their gradients before the
+    /// optimizer step, which divides by the samples of all D batches.
+    pub data_parallel: usize,
 }
 
 impl Default for PipelineConfig {
@@ -32,6 +37,7 @@ impl Default for PipelineConfig {
             split: None,
             timeout: Duration::from_secs(300),
             threads_per_stage: None,
+            data_parallel: 1,
         }
     }
 }
@@ -86,6 +92,11 @@ impl PipelineConfig {
         if self.timeout.is_zero() {
             return Err(PipelineError::Config(
                 "timeout must be longer than zero".into(),
+            ));
+        }
+        if self.data_parallel == 0 {
+            return Err(PipelineError::Config(
+                "data_parallel must be at least 1 (one pipeline)".into(),
             ));
         }
         if self.threads_per_stage == Some(0) {

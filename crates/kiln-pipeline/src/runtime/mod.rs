@@ -2,6 +2,7 @@
 //! own thread on its own device entry, following a [`Schedule`](crate::schedule::Schedule).
 
 mod config;
+mod driver;
 mod empty;
 mod error;
 mod mailbox;

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Gradients, Int, Tensor};
+use kiln_comm::{Communicator, ReduceOp};
 use kiln_core::{
     Activation, FlatLayout, GradWriter, ImageClassifier, SegmentId, Segmented, grads_from_flat,
     param_infos, segment_param_infos,
@@ -189,6 +190,24 @@ where
             );
         }
         Ok(input_grad)
+    }
+
+    /// Adds the summed gradients of every data-parallel copy of this stage (`replicas`, one
+    /// rank per copy), so that each holds the sum over the whole step's micro-batches.
+    ///
+    /// # Errors
+    /// [`PipelineError::PeerLost`] if a copy is gone or the all-reduce times out.
+    pub(crate) fn reduce(
+        &mut self,
+        stage: usize,
+        replicas: &Communicator,
+    ) -> Result<(), PipelineError> {
+        replicas
+            .all_reduce(&mut self.flat, ReduceOp::Sum)
+            .map_err(|err| PipelineError::PeerLost {
+                stage,
+                what: format!("the gradients of its data-parallel copies ({err})"),
+            })
     }
 
     /// Divides the summed gradients by `samples`, lets `optimizer` update the stage's

@@ -71,9 +71,14 @@ fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
 
 /// One device, `micro` micro-batches accumulated per step of [`BATCH`] samples.
 fn single(micro: usize, lr: f64) -> HashMap<String, Vec<f32>> {
+    accumulating(BATCH / micro, micro, lr)
+}
+
+/// One device, `micro` micro-batches of `size` samples accumulated per step.
+fn accumulating(size: usize, micro: usize, lr: f64) -> HashMap<String, Vec<f32>> {
     let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
         .schedule(LrSchedule::constant(lr))
-        .train_loader(loader(BATCH / micro))
+        .train_loader(loader(size))
         .accumulation_steps(micro)
         .max_steps(STEPS)
         .progress(false)
@@ -93,12 +98,25 @@ fn run(
     batch: usize,
     steps: usize,
 ) -> Result<crate::PipelineReport, PipelineError> {
+    run_groups(kind, 1, stages, micro, batch, steps)
+}
+
+/// [`run`] with `groups` data-parallel pipelines.
+fn run_groups(
+    kind: ScheduleKind,
+    groups: usize,
+    stages: usize,
+    micro: usize,
+    batch: usize,
+    steps: usize,
+) -> Result<crate::PipelineReport, PipelineError> {
     let config = PipelineConfig {
         schedule: kind,
         micro_batches: micro,
+        data_parallel: groups,
         ..PipelineConfig::default()
     };
-    Pipeline::new(vec![Device::flex(); stages])
+    Pipeline::new(vec![Device::flex(); groups * stages])
         .config(config)
         .train(
             build,
@@ -167,6 +185,48 @@ fn every_schedule_trains_like_one_device_accumulating_the_micro_batches() {
     let wrong = single(4, 0.1 * 1.001);
     let error = change_error(&wrong, &references[&4], &start);
     assert!(error > TOLERANCE, "the control passed: {error:e}");
+}
+
+#[test]
+fn data_parallel_pipelines_train_like_one_device_accumulating_every_micro_batch() {
+    // D = 2 pipelines of P = 2 stages, M = 2: each step takes two batches of BATCH, so one
+    // device accumulates D·M = 4 micro-batches of BATCH/2. The copies of a stage add their
+    // gradients (a different summation order: not bit-identical, within TOLERANCE).
+    let start = by_path(&build(&Device::flex().autodiff()));
+    let want = accumulating(BATCH / 2, 4, 0.1);
+    for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
+        let report = run_groups(kind, 2, 2, 2, BATCH, STEPS)
+            .unwrap_or_else(|err| panic!("{kind} 2x2: {err}"));
+        assert_eq!(report.stages.len(), 2, "the first pipeline's stages");
+        let error = change_error(&report.params, &want, &start);
+        assert!(
+            error <= TOLERANCE,
+            "{kind} 2x2: relative error of the change {error:e}"
+        );
+    }
+    // The control: one pipeline alone (half the step's samples) misses by far.
+    let alone = run(ScheduleKind::OneFOneB, 2, 2, BATCH, STEPS).expect("one pipeline");
+    let error = change_error(&alone.params, &want, &start);
+    assert!(error > TOLERANCE, "the control passed: {error:e}");
+    // Devices that do not divide into the groups are refused with the reason.
+    let err = Pipeline::new(vec![Device::flex(); 3])
+        .config(PipelineConfig {
+            data_parallel: 2,
+            ..PipelineConfig::default()
+        })
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(BATCH),
+            1,
+        )
+        .expect_err("3 devices, 2 groups");
+    assert!(
+        err.to_string()
+            .contains("cannot form 2 data-parallel pipelines"),
+        "{err}"
+    );
 }
 
 #[test]

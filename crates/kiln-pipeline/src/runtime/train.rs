@@ -2,15 +2,17 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use kiln_comm::{Communicator, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
-use kiln_data::{DataLoader, ImageBatch};
+use kiln_data::DataLoader;
 use kiln_train::LrSchedule;
 
+use crate::runtime::driver::{Driven, ToStages, drive};
 use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::stage::Stage;
 use crate::runtime::worker::{Links, StepData, StepDone, run_stage};
@@ -128,32 +130,61 @@ impl Pipeline {
         O: Fn() -> ModuleOptimizer + Sync,
     {
         self.config.validate()?;
-        let stages = self.devices.len();
-        if stages == 0 {
+        let groups = self.config.data_parallel;
+        let total = self.devices.len();
+        if total == 0 {
             return Err(PipelineError::Config(
                 "a pipeline needs at least one device".into(),
             ));
         }
+        if !total.is_multiple_of(groups) {
+            return Err(PipelineError::Config(format!(
+                "{total} devices cannot form {groups} data-parallel pipelines of equal length"
+            )));
+        }
+        let stages = total / groups;
         let plan = Schedule::new(self.config.schedule, stages, self.config.micro_batches)?;
         let threads = self
             .config
             .threads_per_stage
-            .unwrap_or_else(|| (rayon::current_num_threads() / stages).max(1));
+            .unwrap_or_else(|| (rayon::current_num_threads() / total).max(1));
 
-        let (senders, inboxes): (Vec<_>, Vec<_>) = (0..stages).map(|_| unbounded()).unzip();
+        // Messages stay inside a pipeline: one set of channels per data-parallel group.
+        let mut peers = Vec::with_capacity(groups);
+        let mut inboxes = Vec::with_capacity(total);
+        for _ in 0..groups {
+            let (senders, receivers): (Vec<_>, Vec<_>) = (0..stages).map(|_| unbounded()).unzip();
+            peers.push(senders);
+            inboxes.extend(receivers);
+        }
+        // The copies of stage i (one per group) reduce their gradients in their own group.
+        let mut replicas: Vec<Option<Communicator>> = vec![];
+        replicas.resize_with(total, || None);
+        if groups > 1 {
+            for stage in 0..stages {
+                let comms = InProcessGroup::new(groups)
+                    .timeout(self.config.timeout)
+                    .build();
+                for (group, comm) in comms.into_iter().enumerate() {
+                    replicas[group * stages + stage] = Some(comm);
+                }
+            }
+        }
         let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
-            (0..stages).map(|_| bounded(1)).unzip();
+            (0..total).map(|_| bounded(1)).unzip();
         let (done_sender, done_receiver) = unbounded();
         let abort = Abort::default();
         std::thread::scope(|scope| {
             let handles: Vec<_> = inboxes
                 .into_iter()
                 .zip(step_receivers)
+                .zip(replicas)
                 .enumerate()
-                .map(|(index, (inbox, steps))| {
+                .map(|(thread, ((inbox, steps), replicas))| {
+                    let (group, index) = (thread / stages, thread % stages);
                     let start = StageStart {
                         index,
-                        device: self.devices[index].clone().autodiff(),
+                        device: self.devices[thread].clone().autodiff(),
                         threads,
                         build: &build,
                         optimizer: &optimizer,
@@ -161,34 +192,37 @@ impl Pipeline {
                         plan: &plan,
                         links: Links {
                             mailbox: Mailbox::new(index, inbox, self.config.timeout, abort.clone()),
-                            peers: senders.clone(),
+                            peers: peers[group].clone(),
+                            replicas,
+                            thread,
                         },
                         steps,
                         done: done_sender.clone(),
                         abort: abort.clone(),
                     };
                     std::thread::Builder::new()
-                        .name(format!("kiln-stage-{index}"))
+                        .name(format!("kiln-stage-{group}-{index}"))
                         .spawn_scoped(scope, move || start.run())
                         .expect("spawning a stage thread")
                 })
                 .collect();
-            drop((senders, done_sender));
+            drop((peers, done_sender));
             let to_stages = ToStages {
                 step_senders: &step_senders,
                 done: &done_receiver,
                 abort: &abort,
+                stages,
             };
             let driven = drive(&self.config, schedule, loader, steps, &to_stages);
             if driven.is_err() {
                 abort.raise();
             }
             drop(step_senders);
-            let mut results = Vec::with_capacity(stages);
-            for (index, handle) in handles.into_iter().enumerate() {
+            let mut results = Vec::with_capacity(total);
+            for (thread, handle) in handles.into_iter().enumerate() {
                 results.push(handle.join().unwrap_or_else(|panic| {
                     Err(PipelineError::Stage {
-                        stage: index,
+                        stage: thread % stages,
                         message: panic_message(&*panic),
                     })
                 }));
@@ -283,133 +317,6 @@ fn chunk_ranges(split: &[usize], plan: &Schedule) -> Vec<Vec<Range<usize>>> {
         .collect()
 }
 
-/// The driver's ends of the stages' channels.
-struct ToStages<'a> {
-    step_senders: &'a [Sender<StepData>],
-    done: &'a Receiver<StepDone>,
-    abort: &'a Abort,
-}
-
-/// What the driver measured (times summed over the timed steps).
-#[derive(Default)]
-struct Driven {
-    losses: Vec<f32>,
-    busy: Vec<Duration>,
-    forward: Vec<Vec<Duration>>,
-    backward: Vec<Vec<Duration>>,
-    peak: Vec<usize>,
-    step_time: Duration,
-}
-
-/// Feeds the stages step after step and collects their reports.
-fn drive(
-    config: &PipelineConfig,
-    schedule: &LrSchedule,
-    loader: &mut DataLoader,
-    steps: usize,
-    to_stages: &ToStages<'_>,
-) -> Result<Driven, PipelineError> {
-    let &ToStages {
-        step_senders,
-        done,
-        abort,
-    } = to_stages;
-    let stages = step_senders.len();
-    let mut driven = Driven {
-        losses: Vec::with_capacity(steps),
-        busy: vec![Duration::ZERO; stages],
-        forward: vec![Vec::new(); stages],
-        backward: vec![Vec::new(); stages],
-        peak: vec![0; stages],
-        step_time: Duration::ZERO,
-    };
-    let mut epoch = 0;
-    let mut batches = loader.epoch(epoch);
-    for step in 0..steps {
-        let batch = match batches.next() {
-            Some(batch) => batch?,
-            None => {
-                epoch += 1;
-                batches = loader.epoch(epoch);
-                batches
-                    .next()
-                    .ok_or_else(|| PipelineError::Config("the loader gives no batches".into()))??
-            }
-        };
-        let micro_batches = cut(batch, config.micro_batches)?;
-        let samples: usize = micro_batches.iter().map(|b| b.indices.len()).sum();
-        let start = Instant::now();
-        for sender in step_senders {
-            let data = StepData {
-                lr: schedule.lr(step),
-                micro_batches: micro_batches.clone(),
-            };
-            if sender.send(data).is_err() {
-                return Err(PipelineError::PeerLost {
-                    stage: stages,
-                    what: "a stage to take the step".into(),
-                });
-            }
-        }
-        let mut loss_sum = 0.0;
-        for _ in 0..stages {
-            let report = abort
-                .recv(done, config.timeout)
-                .map_err(|_| PipelineError::PeerLost {
-                    stage: stages,
-                    what: "a stage's step report".into(),
-                })?;
-            loss_sum += report.loss_sum;
-            if step > 0 || steps == 1 {
-                let stage = report.stage;
-                driven.busy[stage] += report.busy;
-                add_into(&mut driven.forward[stage], &report.forward);
-                add_into(&mut driven.backward[stage], &report.backward);
-            }
-            driven.peak[report.stage] = driven.peak[report.stage].max(report.peak_in_flight);
-        }
-        if step > 0 || steps == 1 {
-            driven.step_time += start.elapsed();
-        }
-        let loss = (loss_sum / samples.max(1) as f64) as f32;
-        if !loss.is_finite() {
-            return Err(PipelineError::NonFiniteLoss { step, loss });
-        }
-        driven.losses.push(loss);
-    }
-    Ok(driven)
-}
-
-/// Adds `times` element-wise into `total` (which starts empty).
-fn add_into(total: &mut Vec<Duration>, times: &[Duration]) {
-    total.resize(times.len().max(total.len()), Duration::ZERO);
-    total.iter_mut().zip(times).for_each(|(t, d)| *t += *d);
-}
-
-/// `batch` cut into `count` micro-batches along the batch dimension (sizes differ by at most
-/// one, larger first).
-fn cut(batch: ImageBatch, count: usize) -> Result<Vec<ImageBatch>, PipelineError> {
-    let size = batch.indices.len();
-    if size < count {
-        return Err(PipelineError::Config(format!(
-            "a batch of {size} samples cannot be cut into {count} micro-batches"
-        )));
-    }
-    let mut start = 0;
-    Ok((0..count)
-        .map(|m| {
-            let len = size / count + usize::from(m < size % count);
-            let range = start..start + len;
-            start += len;
-            ImageBatch {
-                images: batch.images.clone().slice([range.clone()]),
-                labels: batch.labels.clone().slice([range.clone()]),
-                indices: batch.indices[range].to_vec(),
-            }
-        })
-        .collect())
-}
-
 /// The report, or the root cause of a failure (a stage's own error before the errors of
 /// stages that only lost it).
 fn finish<M: ImageClassifier>(
@@ -439,6 +346,8 @@ fn finish<M: ImageClassifier>(
     }
     let steps_timed = driven.losses.len().saturating_sub(1).max(1) as u32;
     let step_time = driven.step_time / steps_timed;
+    // The data-parallel groups' stages mirror each other: report the first group's.
+    trained.truncate(plan.stages());
     let mut params = HashMap::new();
     let mut stages = Vec::with_capacity(trained.len());
     for (index, stage) in trained.into_iter().enumerate() {

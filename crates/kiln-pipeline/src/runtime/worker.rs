@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Tensor;
 use crossbeam_channel::{Receiver, Sender};
+use kiln_comm::Communicator;
 use kiln_core::{ImageClassifier, Segmented};
 use kiln_data::ImageBatch;
 
@@ -18,15 +19,18 @@ use crate::schedule::{Action, Schedule};
 pub(crate) struct StepData {
     /// The learning rate of this step.
     pub lr: f64,
-    /// The step's micro-batches (every stage uses their sizes; the first stage their
-    /// images, the last their labels).
+    /// The step's micro-batches of this stage's data-parallel group (every stage uses their
+    /// sizes; the first stage their images, the last their labels).
     pub micro_batches: Vec<ImageBatch>,
+    /// Samples of the whole step, over every data-parallel group: the gradient's divisor.
+    pub samples: usize,
 }
 
 /// What a stage reports after a step.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StepDone {
-    pub stage: usize,
+    /// The stage thread, in (data-parallel group, stage) order.
+    pub thread: usize,
     /// Loss summed over samples, correct predictions (the last stage only).
     pub loss_sum: f64,
     pub correct: usize,
@@ -40,10 +44,14 @@ pub(crate) struct StepDone {
     pub peak_in_flight: usize,
 }
 
-/// A stage's links: its mailbox and a sender to every stage.
+/// A stage's links: its mailbox, a sender to every stage of its pipeline, and (with several
+/// data-parallel groups) its rank in the group of the copies of this stage.
 pub(crate) struct Links<H> {
     pub mailbox: Mailbox<H>,
     pub peers: Vec<Sender<Message<H>>>,
+    pub replicas: Option<Communicator>,
+    /// The stage thread, in (data-parallel group, stage) order.
+    pub thread: usize,
 }
 
 /// Runs `stage`'s part of `schedule` for every step the driver sends, until it stops
@@ -63,9 +71,8 @@ where
     let last_virtual = schedule.virtual_stages() - 1;
     while let Ok(data) = steps.recv() {
         let sizes: Vec<usize> = data.micro_batches.iter().map(|b| b.indices.len()).collect();
-        let samples: usize = sizes.iter().sum();
         let mut report = StepDone {
-            stage: index,
+            thread: links.thread,
             forward: vec![Duration::ZERO; schedule.chunks()],
             backward: vec![Duration::ZERO; schedule.chunks()],
             ..StepDone::default()
@@ -161,10 +168,14 @@ where
                     send(&links.peers[to], Carries::Gradient, micro, from - 1, value);
                 }
                 Action::ReduceGradients => {
-                    // One pipeline: nothing to reduce (data-parallel groups reduce here).
+                    // One pipeline has nothing to reduce; data-parallel copies of this stage
+                    // add their summed gradients.
+                    if let Some(replicas) = &links.replicas {
+                        stage.reduce(index, replicas)?;
+                    }
                 }
                 Action::OptimizerStep => {
-                    stage = stage.step(&mut optimizer, data.lr, samples);
+                    stage = stage.step(&mut optimizer, data.lr, data.samples);
                 }
             }
         }
