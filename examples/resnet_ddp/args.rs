@@ -209,7 +209,6 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
             (args.sync_bn, "--sync-bn"),
             (args.balance, "--balance"),
             (args.accumulation != 1, "--accumulation"),
-            (args.clip_grad_norm.is_some(), "--clip-grad-norm"),
             (args.no_overlap, "--no-overlap"),
             (args.bucket_kb != 25 * 1024, "--bucket-kb"),
             (

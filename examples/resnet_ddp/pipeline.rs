@@ -79,6 +79,7 @@ pub fn run(
         micro_batches: args.micro_batches,
         threads_per_stage: args.threads,
         data_parallel: groups,
+        max_grad_norm: args.clip_grad_norm,
         ..PipelineConfig::default()
     };
     let report = Pipeline::new(devices).config(config).train(

@@ -27,6 +27,10 @@ pub struct PipelineConfig {
     /// (one per pipeline), and the copies of each stage add their gradients before the
     /// optimizer step, which divides by the samples of all D batches.
     pub data_parallel: usize,
+    /// Clip the step's mean gradient to this global norm, over every stage's parameters (after
+    /// the data-parallel reduction), with PyTorch's `clip_grad_norm_` formula. `None`: no
+    /// clipping.
+    pub max_grad_norm: Option<f32>,
 }
 
 impl Default for PipelineConfig {
@@ -38,6 +42,7 @@ impl Default for PipelineConfig {
             timeout: Duration::from_secs(300),
             threads_per_stage: None,
             data_parallel: 1,
+            max_grad_norm: None,
         }
     }
 }
@@ -98,6 +103,13 @@ impl PipelineConfig {
             return Err(PipelineError::Config(
                 "data_parallel must be at least 1 (one pipeline)".into(),
             ));
+        }
+        if let Some(norm) = self.max_grad_norm
+            && !(norm.is_finite() && norm > 0.0)
+        {
+            return Err(PipelineError::Config(format!(
+                "max_grad_norm must be positive and finite, not {norm}"
+            )));
         }
         if self.threads_per_stage == Some(0) {
             return Err(PipelineError::Config(

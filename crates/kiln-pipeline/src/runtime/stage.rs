@@ -11,7 +11,7 @@ use kiln_core::{
     Activation, FlatLayout, GradWriter, ImageClassifier, SegmentId, Segmented, grads_from_flat,
     param_infos, segment_param_infos,
 };
-use kiln_train::{classification_loss, count_correct};
+use kiln_train::{GradientSummary, MeanGradient, TrainError, classification_loss, count_correct};
 
 use crate::runtime::PipelineError;
 use crate::runtime::empty::{float_bytes, keep_only};
@@ -210,14 +210,54 @@ where
             })
     }
 
-    /// Divides the summed gradients by `samples`, lets `optimizer` update the stage's
-    /// parameters at `lr`, and clears the sums.
-    pub(crate) fn step(mut self, optimizer: &mut ModuleOptimizer, lr: f64, samples: usize) -> Self {
-        let scale = 1.0 / samples.max(1) as f32;
-        self.flat.iter_mut().for_each(|g| *g *= scale);
-        let grads: GradientsParams = grads_from_flat(&self.model, &self.layout, &self.flat);
-        self.model = optimizer.step(lr, self.model, grads);
+    /// Finishes the summed gradients with `rule` (divided by `samples`; with clipping, the
+    /// norm agreed with the other stages of the pipeline through `pipeline`), lets
+    /// `optimizer` update the stage's parameters at `lr`, and clears the sums.
+    ///
+    /// # Errors
+    /// [`PipelineError::PeerLost`] if the agreement with the other stages fails.
+    pub(crate) fn step(
+        mut self,
+        stage: usize,
+        rule: &mut MeanGradient,
+        pipeline: Option<&Communicator>,
+        optimizer: &mut ModuleOptimizer,
+        lr: f64,
+        samples: usize,
+    ) -> Result<Self, PipelineError> {
+        let apply = rule
+            .finish(&mut self.flat[..], samples as f32, |summary| {
+                agree_over_stages(summary, pipeline)
+            })
+            .map_err(|err| PipelineError::PeerLost {
+                stage,
+                what: format!("the other stages' gradient norms ({err})"),
+            })?;
+        if apply {
+            let grads: GradientsParams = grads_from_flat(&self.model, &self.layout, &self.flat);
+            self.model = optimizer.step(lr, self.model, grads);
+        }
         self.flat.iter_mut().for_each(|g| *g = 0.0);
-        self
+        Ok(self)
     }
+}
+
+/// The summary of the whole model's gradient from each stage's: overflow anywhere, squared
+/// norms added (in f32 over the wire, enough for a clipping factor).
+fn agree_over_stages(
+    summary: GradientSummary,
+    pipeline: Option<&Communicator>,
+) -> Result<GradientSummary, TrainError> {
+    let Some(pipeline) = pipeline else {
+        return Ok(summary);
+    };
+    let mut values = [
+        f32::from(u8::from(summary.non_finite)),
+        summary.squared_norm as f32,
+    ];
+    pipeline.all_reduce(&mut values, ReduceOp::Sum)?;
+    Ok(GradientSummary {
+        non_finite: values[0] > 0.0 || !values[1].is_finite(),
+        squared_norm: f64::from(values[1]),
+    })
 }

@@ -14,7 +14,7 @@ use burn::tensor::{Device, Tensor};
 use kiln_core::{ImageClassifier, SegmentId, Segmented, init_module, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
-use kiln_train::{LrSchedule, Trainer};
+use kiln_train::{LocalStep, LrSchedule, Trainer};
 
 use crate::runtime::empty::float_bytes;
 use crate::schedule::ScheduleKind;
@@ -23,6 +23,10 @@ use crate::{Pipeline, PipelineConfig, PipelineError};
 const BATCH: usize = 24;
 const STEPS: usize = 3;
 const TOLERANCE: f32 = 1e-5;
+/// Clipped updates are small (lr × 0.5 over the whole model, ~1e-4 per value), so a one-ulp
+/// difference in a parameter (a different summation order of the data-parallel reduction, the
+/// norm's f32 transport) is ~5e-5 of its change (measured: 5.7e-5 with D = 2, below 1e-5 with D = 1).
+const CLIPPED_TOLERANCE: f32 = 2e-4;
 
 fn build(device: &Device) -> ResNet {
     init_module(device, 5, || {
@@ -76,7 +80,18 @@ fn single(micro: usize, lr: f64) -> HashMap<String, Vec<f32>> {
 
 /// One device, `micro` micro-batches of `size` samples accumulated per step.
 fn accumulating(size: usize, micro: usize, lr: f64) -> HashMap<String, Vec<f32>> {
+    accumulating_with(size, micro, lr, LocalStep::new())
+}
+
+/// [`accumulating`] with the gradient rule of `step` (e.g. clipping).
+fn accumulating_with(
+    size: usize,
+    micro: usize,
+    lr: f64,
+    step: LocalStep,
+) -> HashMap<String, Vec<f32>> {
     let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+        .gradient_step(step)
         .schedule(LrSchedule::constant(lr))
         .train_loader(loader(size))
         .accumulation_steps(micro)
@@ -116,7 +131,17 @@ fn run_groups(
         data_parallel: groups,
         ..PipelineConfig::default()
     };
-    Pipeline::new(vec![Device::flex(); groups * stages])
+    run_config(config, stages, batch, steps)
+}
+
+/// Trains [`build`]'s ResNet with `config` on `stages` CPU stages per pipeline.
+fn run_config(
+    config: PipelineConfig,
+    stages: usize,
+    batch: usize,
+    steps: usize,
+) -> Result<crate::PipelineReport, PipelineError> {
+    Pipeline::new(vec![Device::flex(); config.data_parallel * stages])
         .config(config)
         .train(
             build,
@@ -227,6 +252,57 @@ fn data_parallel_pipelines_train_like_one_device_accumulating_every_micro_batch(
             .contains("cannot form 2 data-parallel pipelines"),
         "{err}"
     );
+}
+
+#[test]
+fn clipping_takes_the_norm_over_every_stage() {
+    // The norm is over the whole model: each stage's share alone would clip differently. The
+    // gradient norm here is well above 0.5 (the control shows the clipping changes the run).
+    let start = by_path(&build(&Device::flex().autodiff()));
+    let max_norm = 0.5;
+    let clipped = |size, micro| {
+        let step = LocalStep::new()
+            .with_max_grad_norm(max_norm)
+            .expect("a valid norm");
+        accumulating_with(size, micro, 0.1, step)
+    };
+    let want = clipped(BATCH / 2, 2);
+    for (groups, kind) in [(1, ScheduleKind::OneFOneB), (2, ScheduleKind::GPipe)] {
+        // D pipelines of BATCH/D samples cut in 2: one device accumulates 2·D micro-batches.
+        let want = if groups == 1 {
+            want.clone()
+        } else {
+            clipped(BATCH / 2 / groups, 2 * groups)
+        };
+        let config = PipelineConfig {
+            schedule: kind,
+            micro_batches: 2,
+            data_parallel: groups,
+            max_grad_norm: Some(max_norm),
+            ..PipelineConfig::default()
+        };
+        let batch = BATCH / groups;
+        let report = run_config(config, 2, batch, STEPS)
+            .unwrap_or_else(|err| panic!("{kind} D={groups}: {err}"));
+        let error = change_error(&report.params, &want, &start);
+        assert!(
+            error <= CLIPPED_TOLERANCE,
+            "{kind} D={groups}: relative error of the change {error:e}"
+        );
+    }
+    // The control: without clipping the run differs by far (measured: 4.8).
+    let unclipped = run(ScheduleKind::OneFOneB, 2, 2, BATCH, STEPS).expect("a run");
+    let error = change_error(&unclipped.params, &want, &start);
+    assert!(error > CLIPPED_TOLERANCE, "the control passed: {error:e}");
+    // A norm that is not positive and finite is refused.
+    for bad in [0.0, -1.0, f32::NAN] {
+        let config = PipelineConfig {
+            max_grad_norm: Some(bad),
+            ..PipelineConfig::default()
+        };
+        let err = run_config(config, 2, BATCH, 1).expect_err("a bad norm");
+        assert!(err.to_string().contains("max_grad_norm"), "{err}");
+    }
 }
 
 #[test]

@@ -7,15 +7,16 @@ use std::time::Duration;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use kiln_amp::MixedPrecision;
 use kiln_comm::{Communicator, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
 use kiln_data::DataLoader;
-use kiln_train::LrSchedule;
+use kiln_train::{LrSchedule, MeanGradient};
 
 use crate::runtime::driver::{Driven, ToStages, drive};
 use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::stage::Stage;
-use crate::runtime::worker::{Links, StepData, StepDone, run_stage};
+use crate::runtime::worker::{Links, StepData, StepDone, Update, run_stage};
 use crate::runtime::{PipelineConfig, PipelineError};
 use crate::schedule::{Costs, Schedule, simulate};
 
@@ -170,6 +171,19 @@ impl Pipeline {
                 }
             }
         }
+        // With clipping, the stages of each pipeline agree on the whole gradient's norm.
+        let mut pipelines: Vec<Option<Communicator>> = vec![];
+        pipelines.resize_with(total, || None);
+        if self.config.max_grad_norm.is_some() && stages > 1 {
+            for group in 0..groups {
+                let comms = InProcessGroup::new(stages)
+                    .timeout(self.config.timeout)
+                    .build();
+                for (stage, comm) in comms.into_iter().enumerate() {
+                    pipelines[group * stages + stage] = Some(comm);
+                }
+            }
+        }
         let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
             (0..total).map(|_| bounded(1)).unzip();
         let (done_sender, done_receiver) = unbounded();
@@ -179,8 +193,9 @@ impl Pipeline {
                 .into_iter()
                 .zip(step_receivers)
                 .zip(replicas)
+                .zip(pipelines)
                 .enumerate()
-                .map(|(thread, ((inbox, steps), replicas))| {
+                .map(|(thread, (((inbox, steps), replicas), pipeline))| {
                     let (group, index) = (thread / stages, thread % stages);
                     let start = StageStart {
                         index,
@@ -194,6 +209,7 @@ impl Pipeline {
                             mailbox: Mailbox::new(index, inbox, self.config.timeout, abort.clone()),
                             peers: peers[group].clone(),
                             replicas,
+                            pipeline,
                             thread,
                         },
                         steps,
@@ -293,8 +309,15 @@ where
             let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
             let stage = Stage::new(model, chunks);
             let optimizer = (self.optimizer)();
+            let mut rule = MeanGradient::new(MixedPrecision::f32());
+            if let Some(norm) = self.config.max_grad_norm {
+                rule = rule
+                    .with_max_norm(norm)
+                    .map_err(|err| PipelineError::Config(err.to_string()))?;
+            }
+            let update = Update { optimizer, rule };
             run_stage(
-                index, stage, self.plan, optimizer, self.links, self.steps, self.done,
+                index, stage, self.plan, update, self.links, self.steps, self.done,
             )
         })
     }

@@ -9,6 +9,7 @@ use crossbeam_channel::{Receiver, Sender};
 use kiln_comm::Communicator;
 use kiln_core::{ImageClassifier, Segmented};
 use kiln_data::ImageBatch;
+use kiln_train::MeanGradient;
 
 use crate::runtime::PipelineError;
 use crate::runtime::mailbox::{Carries, Mailbox, Message};
@@ -44,12 +45,21 @@ pub(crate) struct StepDone {
     pub peak_in_flight: usize,
 }
 
+/// How a stage turns its summed gradients into an update: the mean-gradient rule (division,
+/// clipping) and the optimizer.
+pub(crate) struct Update {
+    pub optimizer: ModuleOptimizer,
+    pub rule: MeanGradient,
+}
+
 /// A stage's links: its mailbox, a sender to every stage of its pipeline, and (with several
 /// data-parallel groups) its rank in the group of the copies of this stage.
 pub(crate) struct Links<H> {
     pub mailbox: Mailbox<H>,
     pub peers: Vec<Sender<Message<H>>>,
     pub replicas: Option<Communicator>,
+    /// The stages of its own pipeline, when they must agree on the gradient's norm.
+    pub pipeline: Option<Communicator>,
     /// The stage thread, in (data-parallel group, stage) order.
     pub thread: usize,
 }
@@ -60,7 +70,7 @@ pub(crate) fn run_stage<M>(
     index: usize,
     mut stage: Stage<M>,
     schedule: &Schedule,
-    mut optimizer: ModuleOptimizer,
+    mut update: Update,
     mut links: Links<M::Hidden>,
     steps: Receiver<StepData>,
     done: Sender<StepDone>,
@@ -175,7 +185,14 @@ where
                     }
                 }
                 Action::OptimizerStep => {
-                    stage = stage.step(&mut optimizer, data.lr, data.samples);
+                    stage = stage.step(
+                        index,
+                        &mut update.rule,
+                        links.pipeline.as_ref(),
+                        &mut update.optimizer,
+                        data.lr,
+                        data.samples,
+                    )?;
                 }
             }
         }
