@@ -10,8 +10,8 @@
 //! - [`data`] — a prefetching multi-worker loader, a distributed sampler, CIFAR-10, MNIST and
 //!   synthetic data.
 //! - [`ddp`] — data-parallel training: replicas, bucketed all-reduce overlapped with backward.
-//! - [`kernels`] — kiln's own CPU kernels (a convolution on im2col + GEMM with its own
-//!   backward), used by the ResNet family and usable in any Burn model.
+//! - [`kernels`] — kiln's own CPU kernels (convolution on im2col + GEMM, batch norm on
+//!   NCHW, each with its own backward), used by the ResNet family and usable in any Burn model.
 //! - [`train`] — the trainer, learning-rate schedules and metrics.
 //! - [`resnet`] — the ResNet family.
 //!

@@ -1,10 +1,10 @@
 //! The entry point: training-mode batch norm on kiln's kernel where it applies, Burn's
 //! otherwise.
 
+use burn::tensor::Tensor;
 use burn::tensor::module::batch_norm_train as burn_batch_norm_train;
-use burn::tensor::{DType, Tensor};
 
-use crate::conv2d::on_flex;
+use crate::conv2d::{kernel_dtype, on_flex};
 use crate::norm_extension::BatchNormKernel;
 
 /// A batch normalised with its own statistics: the output and the per-channel mean and biased
@@ -21,8 +21,9 @@ pub struct NormalizedBatch {
 
 /// Burn's `batch_norm_train` for `[N, C, H, W]` inputs, computed by kiln's kernel on Burn's
 /// CPU backend (Flex) and by Burn otherwise. Equal to Burn's within float rounding, output
-/// and gradients. Half-precision inputs are computed in f32 (sums in f64) and cast back; the
-/// statistics come back in `gamma`'s dtype.
+/// and gradients. f16/bf16 inputs are computed in f32 (sums in f64) and cast back; the
+/// statistics come back in `gamma`'s dtype (the backward keeps them in f32). f64 inputs,
+/// other backends and empty batches run Burn's.
 ///
 /// ```
 /// use burn::tensor::{Device, Distribution, Tensor};
@@ -53,10 +54,10 @@ pub fn batch_norm_train(
         "batch norm: one gamma per channel"
     );
     assert_eq!(beta.dims(), [channels], "batch norm: one beta per channel");
-    let floats = [x.dtype(), gamma.dtype(), beta.dtype()]
-        .iter()
-        .all(DType::is_float);
-    if !(on_flex(&x) && floats) {
+    let dtypes = [x.dtype(), gamma.dtype(), beta.dtype()]
+        .into_iter()
+        .all(kernel_dtype);
+    if !(on_flex(&x) && dtypes) || x.shape().num_elements() == 0 {
         let result = burn_batch_norm_train(x, gamma, beta, epsilon);
         return NormalizedBatch {
             output: result.output,

@@ -5,7 +5,7 @@ use burn::backend::DispatchDevice;
 use burn::module::Param;
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 
 use crate::conv_extension::ConvKernel;
 use crate::geometry::ConvGeometry;
@@ -52,12 +52,18 @@ pub fn conv2d(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
 }
 
 /// Whether kiln's kernel runs a convolution of `x`: on Burn's CPU backend (Flex, with or
-/// without autodiff) for float inputs. Half-precision inputs are computed in f32 and the
+/// without autodiff) for f32, f16 and bf16 inputs. Half-precision inputs are computed in f32 and the
 /// results cast back (Flex computes half-precision convolutions through f32 or slower f16
 /// kernels anyway). Other backends and grouped convolutions take Burn's convolution (the GPU
 /// backends have their own tuned kernels).
 pub fn uses_kiln_kernel(x: &Tensor<4>) -> bool {
-    on_flex(x) && x.dtype().is_float()
+    on_flex(x) && kernel_dtype(x.dtype())
+}
+
+/// The dtypes kiln's kernels take: f32, and the half types they compute in f32 (f64 keeps
+/// Burn's f64 arithmetic).
+pub(crate) fn kernel_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
 /// Whether `x` lives on Burn's CPU backend, with or without autodiff.
@@ -89,7 +95,8 @@ pub fn conv2d_with(
         geometry.output_size([height, width], [kh, kw]).is_some(),
         "conv2d: a {height}x{width} input with {geometry:?} is smaller than the {kh}x{kw} kernel"
     );
-    if !uses_kiln_kernel(&x) || weight.dtype() != x.dtype() {
+    let empty = x.shape().num_elements() == 0 || weight.shape().num_elements() == 0;
+    if !uses_kiln_kernel(&x) || weight.dtype() != x.dtype() || empty {
         let options = burn::tensor::ops::ConvOptions::new_with_padding(
             geometry.stride,
             geometry.padding,

@@ -1,7 +1,7 @@
 //! The convolution registered with Burn's runtime dispatch (a backend extension): the Flex
 //! backend runs [`flex_conv::forward`](crate::flex_conv), and Flex under autodiff records a
-//! backward step that runs [`flex_conv::backward`](crate::flex_conv) — the two GEMMs and the
-//! col2im — instead of Burn's transposed and dilated convolutions.
+//! backward step that runs [`flex_conv::backward`](crate::flex_conv) — im2col and GEMMs (plus
+//! a col2im for strided convolutions) — instead of Burn's transposed and dilated convolutions.
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

@@ -307,3 +307,17 @@ impl burn::module::ModuleMapper for Cast {
         param.map(|t| t.cast(dtype).detach().require_grad())
     }
 }
+
+#[test]
+fn f64_and_empty_inputs_take_burns_convolution() {
+    let device = Device::flex().autodiff();
+    let conv = build(&device, 0, &cases()[0]);
+    let x = Tensor::<4>::random([2, 3, 9, 9], Distribution::Default, &device);
+    assert!(!uses_kiln_kernel(&x.clone().cast(DType::F64)));
+    // An empty batch gives an empty output and gradients instead of a panic.
+    let empty = Tensor::<4>::zeros([0, 3, 9, 9], &device).require_grad();
+    let out = conv2d(&conv, empty.clone());
+    assert_eq!(out.dims(), [0, 8, 9, 9]);
+    let grads = out.sum().backward();
+    assert!(conv.weight.val().grad(&grads).is_some());
+}

@@ -35,8 +35,14 @@ fn f32_values(tensor: FlexTensor) -> Vec<f32> {
 }
 
 fn tensor(values: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
-    let tensor = Flex::float_from_data(TensorData::new(values, shape), &FlexDevice);
-    if dtype == DType::F32 {
+    cast(
+        Flex::float_from_data(TensorData::new(values, shape), &FlexDevice),
+        dtype,
+    )
+}
+
+fn cast(tensor: FlexTensor, dtype: DType) -> FlexTensor {
+    if tensor.dtype() == dtype {
         tensor
     } else {
         Flex::float_cast(tensor, dtype.into())
@@ -53,14 +59,26 @@ fn planes(
     x.chunks(plane).skip(channel).step_by(channels)
 }
 
+/// What [`forward`] computes.
+pub(crate) struct Normalized {
+    /// In `x`'s dtype.
+    pub output: FlexTensor,
+    /// Per-channel mean and biased variance, in `gamma`'s dtype.
+    pub mean: FlexTensor,
+    pub variance: FlexTensor,
+    /// The same statistics in f32, for the backward (a half-precision mean would shift x̂).
+    pub saved_mean: FlexTensor,
+    pub saved_variance: FlexTensor,
+}
+
 /// Normalises `x` `[N, C, H, W]` with its own per-channel statistics, then scales by `gamma`
-/// and shifts by `beta`: `(output, mean, biased variance)`, each in its input's dtype.
+/// and shifts by `beta`.
 pub(crate) fn forward(
     x: FlexTensor,
     gamma: FlexTensor,
     beta: FlexTensor,
     epsilon: f64,
-) -> (FlexTensor, FlexTensor, FlexTensor) {
+) -> Normalized {
     let (dtype, stats_dtype) = (x.dtype(), gamma.dtype());
     let shape = x.shape();
     let (images, channels, plane) = layout(&shape);
@@ -101,22 +119,26 @@ pub(crate) fn forward(
         });
     let (means, variances): (Vec<f32>, Vec<f32>) =
         stats.iter().map(|&(m, v)| (m as f32, v as f32)).unzip();
-    (
-        tensor(output, shape, dtype),
-        tensor(means, Shape::new([channels]), stats_dtype),
-        tensor(variances, Shape::new([channels]), stats_dtype),
-    )
+    let saved_mean = tensor(means, Shape::new([channels]), DType::F32);
+    let saved_variance = tensor(variances, Shape::new([channels]), DType::F32);
+    Normalized {
+        output: tensor(output, shape, dtype),
+        mean: cast(saved_mean.clone(), stats_dtype),
+        variance: cast(saved_variance.clone(), stats_dtype),
+        saved_mean,
+        saved_variance,
+    }
 }
 
-/// Gradients of [`forward`] with respect to `x`, `gamma` and `beta`, given the output
-/// gradient and the `mean` and `variance` the forward returned.
+/// Gradients of [`forward`] with respect to `x`, `gamma` and `beta` (the last in
+/// `beta_dtype`), given the output gradient and the forward's saved statistics.
 pub(crate) fn backward(
     x: FlexTensor,
     gamma: FlexTensor,
-    mean: FlexTensor,
-    variance: FlexTensor,
+    (mean, variance): (FlexTensor, FlexTensor),
     epsilon: f64,
     grad: FlexTensor,
+    beta_dtype: DType,
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
     let (dtype, gamma_dtype) = (x.dtype(), gamma.dtype());
     let shape = x.shape();
@@ -174,6 +196,6 @@ pub(crate) fn backward(
     (
         tensor(input_grad, shape, dtype),
         tensor(gamma_grad, Shape::new([channels]), gamma_dtype),
-        tensor(beta_grad, Shape::new([channels]), gamma_dtype),
+        tensor(beta_grad, Shape::new([channels]), beta_dtype),
     )
 }

@@ -3,8 +3,8 @@
 //!
 //! Blocks hold enough images for a GEMM of at least [`BLOCK_POSITIONS`] output positions
 //! (one image of a large feature map, several of a small one) and run in parallel in the
-//! caller's rayon pool, each with its own column buffer, so memory stays at one block's columns
-//! per thread. Blocks follow the shapes only, never the thread count, and so does every
+//! caller's rayon pool, each with a column buffer of its rayon split (reused block after
+//! block), so memory stays at a few blocks' columns. Blocks follow the shapes only, never the thread count, and so does every
 //! summation order (the weight gradient adds [`WEIGHT_GRADIENT_GROUPS`] partial sums in a
 //! fixed order): results do not depend on threads.
 

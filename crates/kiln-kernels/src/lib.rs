@@ -2,13 +2,14 @@
 //!
 //! Burn 0.22 lets a crate register an operation with its runtime dispatch (a *backend
 //! extension*) and give it a handwritten backward pass under autodiff. kiln uses that for the
-//! operation that dominates a convolutional network's training step on the CPU:
+//! operations that dominate a convolutional network's training step on the CPU:
 //!
-//! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution as im2col + one GEMM per chunk of
-//!   images, whose backward is two more GEMMs and a col2im, instead of Flex's tiled forward,
-//!   transposed convolution (input gradient) and dilated convolution (weight gradient).
-//!   Equal to Burn's convolution within float rounding, forward and backward; other backends,
-//!   half-precision inputs and grouped convolutions run Burn's own.
+//! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution as im2col + one GEMM per block of
+//!   images; its input gradient is a convolution of the output gradient with the flipped
+//!   kernel (unit strides) or a GEMM and a col2im, its weight gradient one more GEMM per block,
+//!   instead of Flex's tiled forward, transposed convolution and dilated convolution.
+//!   Equal to Burn's convolution within float rounding, forward and backward. f16/bf16 inputs
+//!   compute in f32; other backends, f64 and grouped convolutions run Burn's own.
 //! - [`batch_norm_train`] — training-mode batch norm straight on the NCHW layout: statistics
 //!   in one pass per channel, output in one pass, backward in two, instead of Burn's generic
 //!   composition (which copies the activation to channels-first several times per layer).

@@ -9,6 +9,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::DType;
 
 use crate::flex_batch_norm;
 
@@ -34,13 +35,20 @@ impl BatchNormKernel for Flex {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        flex_batch_norm::forward(x, gamma, beta, epsilon)
+        let normalized = flex_batch_norm::forward(x, gamma, beta, epsilon);
+        (normalized.output, normalized.mean, normalized.variance)
     }
 }
 
 /// The state the backward step needs: the input and gamma (as graph nodes), the batch's
-/// statistics and epsilon.
-type NormState = (NodeId, NodeId, FloatTensor<Flex>, FloatTensor<Flex>, f64);
+/// statistics in f32, epsilon and beta's dtype.
+type NormState = (
+    NodeId,
+    NodeId,
+    (FloatTensor<Flex>, FloatTensor<Flex>),
+    f64,
+    DType,
+);
 
 #[derive(Debug)]
 struct NormBackward;
@@ -56,11 +64,11 @@ impl Backward<Flex, 3> for NormBackward {
     ) {
         let [node_x, node_gamma, node_beta] = ops.parents;
         let grad = grads.consume::<Flex>(&ops.node);
-        let (x_state, gamma_state, mean, variance, epsilon) = ops.state;
+        let (x_state, gamma_state, statistics, epsilon, beta_dtype) = ops.state;
         let x: FloatTensor<Flex> = checkpointer.retrieve_node_output(x_state);
         let gamma: FloatTensor<Flex> = checkpointer.retrieve_node_output(gamma_state);
         let (x_grad, gamma_grad, beta_grad) =
-            flex_batch_norm::backward(x, gamma, mean, variance, epsilon, grad);
+            flex_batch_norm::backward(x, gamma, statistics, epsilon, grad, beta_dtype);
         for (node, grad) in [
             (node_x, x_grad),
             (node_gamma, gamma_grad),
@@ -89,33 +97,33 @@ impl<C: CheckpointStrategy> BatchNormKernel for Autodiff<Flex, C> {
             OpsKind::Tracked(mut prep) => {
                 let x_state = prep.checkpoint(&x);
                 let gamma_state = prep.checkpoint(&gamma);
-                let (output, mean, variance) = flex_batch_norm::forward(
+                let beta_dtype = beta.primitive().dtype();
+                let normalized = flex_batch_norm::forward(
                     x.into_primitive(),
                     gamma.into_primitive(),
                     beta.into_primitive(),
                     epsilon,
                 );
-                let state = (
-                    x_state,
-                    gamma_state,
-                    mean.clone(),
-                    variance.clone(),
-                    epsilon,
-                );
+                let statistics = (normalized.saved_mean, normalized.saved_variance);
+                let state = (x_state, gamma_state, statistics, epsilon, beta_dtype);
                 (
-                    prep.finish(state, output),
-                    constant(mean),
-                    constant(variance),
+                    prep.finish(state, normalized.output),
+                    constant(normalized.mean),
+                    constant(normalized.variance),
                 )
             }
             OpsKind::UnTracked(prep) => {
-                let (output, mean, variance) = flex_batch_norm::forward(
+                let normalized = flex_batch_norm::forward(
                     x.into_primitive(),
                     gamma.into_primitive(),
                     beta.into_primitive(),
                     epsilon,
                 );
-                (prep.finish(output), constant(mean), constant(variance))
+                (
+                    prep.finish(normalized.output),
+                    constant(normalized.mean),
+                    constant(normalized.variance),
+                )
             }
         }
     }

@@ -243,7 +243,9 @@ where
 }
 
 /// The summary of the whole model's gradient from each stage's: overflow anywhere, squared
-/// norms added (in f32 over the wire, enough for a clipping factor).
+/// norms added. The wire carries f32, so the stages first agree on the largest stage norm
+/// and then add their squared norms relative to it: a norm beyond f32's range squared
+/// (1.8e19) still clips instead of reading as an overflow.
 fn agree_over_stages(
     summary: GradientSummary,
     pipeline: Option<&Communicator>,
@@ -251,13 +253,19 @@ fn agree_over_stages(
     let Some(pipeline) = pipeline else {
         return Ok(summary);
     };
-    let mut values = [
-        f32::from(u8::from(summary.non_finite)),
-        summary.squared_norm as f32,
-    ];
-    pipeline.all_reduce(&mut values, ReduceOp::Sum)?;
+    let norm = summary.squared_norm.sqrt();
+    let mut largest = [f32::from(u8::from(summary.non_finite)), norm as f32];
+    pipeline.all_reduce(&mut largest, ReduceOp::Max)?;
+    let [non_finite, largest] = largest.map(f64::from);
+    let relative = if largest > 0.0 && largest.is_finite() {
+        (norm / largest).powi(2)
+    } else {
+        0.0
+    };
+    let mut sum = [relative as f32];
+    pipeline.all_reduce(&mut sum, ReduceOp::Sum)?;
     Ok(GradientSummary {
-        non_finite: values[0] > 0.0 || !values[1].is_finite(),
-        squared_norm: f64::from(values[1]),
+        non_finite: non_finite > 0.0 || !largest.is_finite(),
+        squared_norm: largest * largest * f64::from(sum[0]),
     })
 }
