@@ -158,32 +158,18 @@ impl Pipeline {
             peers.push(senders);
             inboxes.extend(receivers);
         }
-        // The copies of stage i (one per group) reduce their gradients in their own group.
-        let mut replicas: Vec<Option<Communicator>> = vec![];
-        replicas.resize_with(total, || None);
-        if groups > 1 {
-            for stage in 0..stages {
-                let comms = InProcessGroup::new(groups)
-                    .timeout(self.config.timeout)
-                    .build();
-                for (group, comm) in comms.into_iter().enumerate() {
-                    replicas[group * stages + stage] = Some(comm);
-                }
-            }
-        }
-        // With clipping, the stages of each pipeline agree on the whole gradient's norm.
-        let mut pipelines: Vec<Option<Communicator>> = vec![];
-        pipelines.resize_with(total, || None);
-        if self.config.max_grad_norm.is_some() && stages > 1 {
-            for group in 0..groups {
-                let comms = InProcessGroup::new(stages)
-                    .timeout(self.config.timeout)
-                    .build();
-                for (stage, comm) in comms.into_iter().enumerate() {
-                    pipelines[group * stages + stage] = Some(comm);
-                }
-            }
-        }
+        // The copies of stage i (one per group) reduce their gradients in their own group;
+        // with clipping, the stages of each pipeline agree on the whole gradient's norm.
+        let timeout = self.config.timeout;
+        let replicas = communicators(groups, stages, timeout, Members::CopiesOfAStage, groups > 1);
+        let clipping = self.config.max_grad_norm.is_some() && stages > 1;
+        let pipelines = communicators(
+            groups,
+            stages,
+            timeout,
+            Members::StagesOfAPipeline,
+            clipping,
+        );
         let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
             (0..total).map(|_| bounded(1)).unzip();
         let (done_sender, done_receiver) = unbounded();
@@ -246,6 +232,44 @@ impl Pipeline {
             finish(driven, results, &plan)
         })
     }
+}
+
+/// Who shares an in-process group in [`communicators`].
+#[derive(Clone, Copy, PartialEq)]
+enum Members {
+    /// The D copies of one stage.
+    CopiesOfAStage,
+    /// The P stages of one pipeline.
+    StagesOfAPipeline,
+}
+
+/// One communicator per stage thread, in (group, stage) order, for in-process groups of
+/// `members`; `None` for every thread unless `wanted`.
+fn communicators(
+    groups: usize,
+    stages: usize,
+    timeout: Duration,
+    members: Members,
+    wanted: bool,
+) -> Vec<Option<Communicator>> {
+    let mut slots: Vec<Option<Communicator>> = (0..groups * stages).map(|_| None).collect();
+    if !wanted {
+        return slots;
+    }
+    let by_stage = members == Members::CopiesOfAStage;
+    let (sets, size) = if by_stage {
+        (stages, groups)
+    } else {
+        (groups, stages)
+    };
+    for set in 0..sets {
+        let comms = InProcessGroup::new(size).timeout(timeout).build();
+        for (rank, comm) in comms.into_iter().enumerate() {
+            let (group, stage) = if by_stage { (rank, set) } else { (set, rank) };
+            slots[group * stages + stage] = Some(comm);
+        }
+    }
+    slots
 }
 
 /// What a stage thread needs to build and run its stage.
