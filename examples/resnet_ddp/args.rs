@@ -173,6 +173,11 @@ pub struct Args {
     /// Print the pipeline schedule as a time x stage chart before training.
     #[arg(long)]
     pub show_schedule: bool,
+    /// With --pipeline: segments per stage (per virtual stage with interleaving), in model
+    /// order, e.g. `--split 4,6` (default: as even as possible by count). ResNet's segments
+    /// are the stem, each block and the head.
+    #[arg(long, value_delimiter = ',', value_parser = positive())]
+    pub split: Option<Vec<usize>>,
     /// With --pipeline P: D data-parallel pipelines (--devices names D x P entries, pipeline
     /// after pipeline); each step takes D batches, and the copies of each stage add their
     /// gradients before the optimizer step.
@@ -232,9 +237,10 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
         || args.micro_batches != 4
         || args.schedule != kiln::pipeline::schedule::ScheduleKind::OneFOneB
         || args.data_parallel != 1
+        || args.split.is_some()
     {
         return Err(
-            "--micro-batches, --schedule, --show-schedule and --data-parallel need --pipeline"
+            "--micro-batches, --schedule, --show-schedule, --data-parallel and --split need --pipeline"
                 .into(),
         );
     }

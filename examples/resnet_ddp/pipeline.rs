@@ -80,6 +80,7 @@ pub fn run(
         threads_per_stage: args.threads,
         data_parallel: groups,
         max_grad_norm: args.clip_grad_norm,
+        split: args.split.clone(),
         ..PipelineConfig::default()
     };
     let report = Pipeline::new(devices).config(config).train(
