@@ -13,6 +13,8 @@
 //! - [`kernels`] — kiln's own CPU kernels (convolution on im2col + GEMM, batch norm on
 //!   NCHW, each with its own backward), used by the ResNet family and usable in any Burn model.
 //! - [`train`] — the trainer, learning-rate schedules and metrics.
+//! - [`planner`] — cost-balanced pipeline stage boundaries under memory limits (the
+//!   planner's search; profiling comes next).
 //! - [`resnet`] — the ResNet family.
 //!
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
@@ -30,5 +32,6 @@ pub use kiln_data as data;
 pub use kiln_ddp as ddp;
 pub use kiln_kernels as kernels;
 pub use kiln_pipeline as pipeline;
+pub use kiln_planner as planner;
 pub use kiln_resnet as resnet;
 pub use kiln_train as train;

@@ -1,0 +1,171 @@
+//! Stage boundaries by dynamic programming over contiguous runs of segments.
+
+use std::ops::Range;
+
+/// What one segment costs per micro-batch, measured on a reference device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SegmentCost {
+    /// Forward plus backward seconds on the reference device.
+    pub seconds: f64,
+    /// Bytes of its parameters, gradients and optimizer state together.
+    pub state_bytes: u64,
+    /// Bytes of the activations it keeps for backward, per micro-batch in flight.
+    pub activation_bytes: u64,
+    /// Bytes of its output (what crosses to the next stage when a stage ends here).
+    pub output_bytes: u64,
+}
+
+/// One device of the pipeline, in stage order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceCapacity {
+    /// Its time for a given work ÷ the reference device's (2.0: twice as slow).
+    pub slowdown: f64,
+    /// Bytes it may hold; `None`: unlimited.
+    pub memory: Option<u64>,
+    /// Micro-batches of activations it holds at once as stage `i` (1F1B: `min(M, P − i)`;
+    /// GPipe: `M`).
+    pub in_flight: u64,
+}
+
+/// The chosen stages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagePlan {
+    /// Segments of each stage, in order.
+    pub stages: Vec<Range<usize>>,
+    /// Each stage's time per micro-batch on its device, its outgoing transfer included.
+    pub stage_seconds: Vec<f64>,
+    /// Each stage's memory on its device.
+    pub stage_bytes: Vec<u64>,
+}
+
+impl StagePlan {
+    /// The slowest stage's time: what bounds the pipeline's throughput.
+    pub fn bottleneck(&self) -> f64 {
+        self.stage_seconds.iter().copied().fold(0.0, f64::max)
+    }
+}
+
+/// Why no plan fits.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// More stages than segments, or none.
+    #[error("{devices} stages for {segments} segments: every stage needs at least one segment")]
+    Shape {
+        /// Stages asked for.
+        devices: usize,
+        /// Segments of the model.
+        segments: usize,
+    },
+    /// No split fits the memory limits.
+    #[error(
+        "no split of the model into {devices} stages fits the devices' memory: the largest segment ({segment}) alone needs {segment_bytes} bytes, the largest device holds {largest_device} bytes"
+    )]
+    DoesNotFit {
+        /// Stages asked for.
+        devices: usize,
+        /// The segment that needs the most memory on its own.
+        segment: usize,
+        /// Its bytes (state plus one micro-batch of activations).
+        segment_bytes: u64,
+        /// The largest memory limit among the devices.
+        largest_device: u64,
+    },
+}
+
+/// Cuts `segments` into `devices.len()` contiguous stages (stage `i` on `devices[i]`) so that
+/// the slowest stage is as fast as possible, each stage fitting its device's memory. A stage's
+/// time is its segments' seconds × its device's slowdown, plus `seconds_per_byte` × the bytes
+/// its last segment sends on (none for the last stage). Ties go to the earliest boundaries,
+/// so equal costs always give the same plan. `O(P·N²)` for P devices and N segments.
+///
+/// # Errors
+/// [`PlanError::Shape`] without devices or with more devices than segments;
+/// [`PlanError::DoesNotFit`] when no split fits the memory limits.
+pub fn balance_stages(
+    segments: &[SegmentCost],
+    devices: &[DeviceCapacity],
+    seconds_per_byte: f64,
+) -> Result<StagePlan, PlanError> {
+    let (n, p) = (segments.len(), devices.len());
+    if p == 0 || p > n {
+        return Err(PlanError::Shape {
+            devices: p,
+            segments: n,
+        });
+    }
+    let cost = |stage: usize, range: Range<usize>| -> Option<(f64, u64)> {
+        let device = devices[stage];
+        let work: f64 = segments[range.clone()].iter().map(|s| s.seconds).sum();
+        let transfer = if stage + 1 < p {
+            segments[range.end - 1].output_bytes as f64 * seconds_per_byte
+        } else {
+            0.0
+        };
+        let bytes: u64 = segments[range]
+            .iter()
+            .map(|s| s.state_bytes + device.in_flight * s.activation_bytes)
+            .sum();
+        let fits = device.memory.is_none_or(|limit| bytes <= limit);
+        fits.then_some((work * device.slowdown + transfer, bytes))
+    };
+    // best[s][j]: the smallest bottleneck of stages 0..s covering segments 0..j, and the
+    // start of stage s − 1 that achieves it.
+    let mut best = vec![vec![None::<(f64, usize)>; n + 1]; p + 1];
+    best[0][0] = Some((0.0, 0));
+    for s in 1..=p {
+        // Stage s − 1 ends at j; the stages after it need at least one segment each.
+        for j in s..=n - (p - s) {
+            for i in (s - 1)..j {
+                let Some((before, _)) = best[s - 1][i] else {
+                    continue;
+                };
+                let Some((time, _)) = cost(s - 1, i..j) else {
+                    continue;
+                };
+                let bottleneck = before.max(time);
+                if best[s][j].is_none_or(|(b, _)| bottleneck < b) {
+                    best[s][j] = Some((bottleneck, i));
+                }
+            }
+        }
+    }
+    if best[p][n].is_none() {
+        return Err(does_not_fit(segments, devices));
+    }
+    let mut stages = vec![0..0; p];
+    let mut end = n;
+    for s in (1..=p).rev() {
+        let (_, start) = best[s][end].expect("a reachable state has a predecessor");
+        stages[s - 1] = start..end;
+        end = start;
+    }
+    let (stage_seconds, stage_bytes) = stages
+        .iter()
+        .enumerate()
+        .map(|(s, r)| cost(s, r.clone()).expect("the chosen stages fit"))
+        .unzip();
+    Ok(StagePlan {
+        stages,
+        stage_seconds,
+        stage_bytes,
+    })
+}
+
+fn does_not_fit(segments: &[SegmentCost], devices: &[DeviceCapacity]) -> PlanError {
+    let (segment, segment_bytes) = segments
+        .iter()
+        .map(|s| s.state_bytes + s.activation_bytes)
+        .enumerate()
+        .max_by_key(|&(_, bytes)| bytes)
+        .unwrap_or((0, 0));
+    PlanError::DoesNotFit {
+        devices: devices.len(),
+        segment,
+        segment_bytes,
+        largest_device: devices
+            .iter()
+            .map(|d| d.memory.unwrap_or(u64::MAX))
+            .max()
+            .unwrap_or(0),
+    }
+}
