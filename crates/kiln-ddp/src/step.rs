@@ -224,15 +224,7 @@ pub(crate) fn sum_summaries(
     comm: &CommWorker,
     summary: GradientSummary,
 ) -> Result<GradientSummary, TrainError> {
-    let values = vec![
-        f32::from(u8::from(summary.non_finite)),
-        summary.squared_norm as f32,
-    ];
-    let summed = comm.all_reduce_values(values, ReduceOp::Sum)?;
-    Ok(GradientSummary {
-        non_finite: summed[0] > 0.0 || !summed[1].is_finite(),
-        squared_norm: f64::from(summed[1]),
-    })
+    summary.sum_over_ranks(|values, op| comm.all_reduce_values(values, op))
 }
 
 impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {

@@ -10,7 +10,7 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, FlexDevice, TensorMetadata};
-use burn::tensor::{DType, FloatDType, Shape, TensorData};
+use burn::tensor::{DType, Shape, TensorData};
 use rayon::prelude::*;
 
 type FlexTensor = FloatTensor<Flex>;
@@ -21,17 +21,13 @@ fn layout(shape: &Shape) -> (usize, usize, usize) {
     (dims[0], dims[1], dims[2] * dims[3])
 }
 
-fn f32_values(tensor: FlexTensor) -> Vec<f32> {
-    let tensor = if tensor.dtype() == DType::F32 {
-        tensor
-    } else {
-        Flex::float_cast(tensor, FloatDType::F32)
-    };
-    let tensor = tensor.to_contiguous();
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous f32 tensor")
-        .to_vec()
+/// `tensor` as a contiguous f32 tensor (no copy when it already is one).
+fn contiguous_f32(tensor: FlexTensor) -> FlexTensor {
+    cast(tensor, DType::F32).to_contiguous()
+}
+
+fn values(tensor: &FlexTensor) -> &[f32] {
+    tensor.as_slice::<f32>().expect("a contiguous f32 tensor")
 }
 
 fn tensor(values: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
@@ -82,16 +78,21 @@ pub(crate) fn forward(
     let (dtype, stats_dtype) = (x.dtype(), gamma.dtype());
     let shape = x.shape();
     let (images, channels, plane) = layout(&shape);
-    let (x, gamma, beta) = (f32_values(x), f32_values(gamma), f32_values(beta));
+    let (x, gamma, beta) = (
+        contiguous_f32(x),
+        contiguous_f32(gamma),
+        contiguous_f32(beta),
+    );
+    let (x, gamma, beta) = (values(&x), values(&gamma), values(&beta));
     let count = (images * plane) as f64;
     let stats: Vec<(f64, f64)> = (0..channels)
         .into_par_iter()
         .map(|channel| {
-            let sum: f64 = planes(&x, channels, plane, channel)
+            let sum: f64 = planes(x, channels, plane, channel)
                 .map(|p| p.iter().map(|&v| v as f64).sum::<f64>())
                 .sum();
             let mean = sum / count;
-            let squares: f64 = planes(&x, channels, plane, channel)
+            let squares: f64 = planes(x, channels, plane, channel)
                 .map(|p| p.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>())
                 .sum();
             (mean, squares / count)
@@ -100,7 +101,7 @@ pub(crate) fn forward(
     // y = (x − μ)·a + β with a = γ/√(σ²+ε).
     let affine: Vec<(f32, f32, f32)> = stats
         .iter()
-        .zip(gamma.iter().zip(&beta))
+        .zip(gamma.iter().zip(beta))
         .map(|(&(mean, var), (&g, &b))| {
             let scale = g as f64 / (var + epsilon).sqrt();
             (mean as f32, scale as f32, b)
@@ -143,8 +144,14 @@ pub(crate) fn backward(
     let (dtype, gamma_dtype) = (x.dtype(), gamma.dtype());
     let shape = x.shape();
     let (images, channels, plane) = layout(&shape);
-    let (x, grad) = (f32_values(x), f32_values(grad));
-    let (gamma, mean, variance) = (f32_values(gamma), f32_values(mean), f32_values(variance));
+    let (x, grad) = (contiguous_f32(x), contiguous_f32(grad));
+    let (gamma, mean, variance) = (
+        contiguous_f32(gamma),
+        contiguous_f32(mean),
+        contiguous_f32(variance),
+    );
+    let (x, grad) = (values(&x), values(&grad));
+    let (gamma, mean, variance) = (values(&gamma), values(&mean), values(&variance));
     let inv_std: Vec<f64> = variance
         .iter()
         .map(|&v| 1.0 / (v as f64 + epsilon).sqrt())
@@ -154,8 +161,8 @@ pub(crate) fn backward(
         .into_par_iter()
         .map(|channel| {
             let (m, s) = (mean[channel] as f64, inv_std[channel]);
-            planes(&x, channels, plane, channel)
-                .zip(planes(&grad, channels, plane, channel))
+            planes(x, channels, plane, channel)
+                .zip(planes(grad, channels, plane, channel))
                 .fold((0.0, 0.0), |(dy, dyx), (xs, gs)| {
                     let (a, b) = xs
                         .iter()

@@ -89,6 +89,14 @@ impl<C: CheckpointStrategy> BatchNormKernel for Autodiff<Flex, C> {
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let constant = <Self as AutodiffBackend>::from_inner;
+        let forward = |x: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: FloatTensor<Self>| {
+            let (x, gamma, beta) = (
+                x.into_primitive(),
+                gamma.into_primitive(),
+                beta.into_primitive(),
+            );
+            flex_batch_norm::forward(x, gamma, beta, epsilon)
+        };
         match NormBackward
             .prepare::<C>([x.node(), gamma.node(), beta.node()])
             .compute_bound()
@@ -98,12 +106,7 @@ impl<C: CheckpointStrategy> BatchNormKernel for Autodiff<Flex, C> {
                 let x_state = prep.checkpoint(&x);
                 let gamma_state = prep.checkpoint(&gamma);
                 let beta_dtype = beta.primitive().dtype();
-                let normalized = flex_batch_norm::forward(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
-                    epsilon,
-                );
+                let normalized = forward(x, gamma, beta);
                 let statistics = (normalized.saved_mean, normalized.saved_variance);
                 let state = (x_state, gamma_state, statistics, epsilon, beta_dtype);
                 (
@@ -113,12 +116,7 @@ impl<C: CheckpointStrategy> BatchNormKernel for Autodiff<Flex, C> {
                 )
             }
             OpsKind::UnTracked(prep) => {
-                let normalized = flex_batch_norm::forward(
-                    x.into_primitive(),
-                    gamma.into_primitive(),
-                    beta.into_primitive(),
-                    epsilon,
-                );
+                let normalized = forward(x, gamma, beta);
                 (
                     prep.finish(normalized.output),
                     constant(normalized.mean),

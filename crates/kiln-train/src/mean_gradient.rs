@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use kiln_amp::{AmpStats, MixedPrecision};
+use kiln_comm::{CommError, ReduceOp};
 
 use crate::TrainError;
 
@@ -34,6 +35,44 @@ impl GradientSummary {
             non_finite: self.non_finite || other.non_finite,
             squared_norm: self.squared_norm + other.squared_norm,
         }
+    }
+
+    /// The summary of the union of the disjoint parts the ranks of a group hold (ZeRO shards,
+    /// pipeline stages): overflow anywhere, squared norms added, through `all_reduce` (every
+    /// rank calls it alike). The values travel as f32: when a squared norm, or their sum,
+    /// leaves f32's range while every value is finite, a second round adds the squares
+    /// relative to the largest part's norm instead, so a large norm still clips rather than
+    /// reading as an overflow.
+    ///
+    /// # Errors
+    /// What `all_reduce` returns.
+    pub fn sum_over_ranks(
+        self,
+        mut all_reduce: impl FnMut(Vec<f32>, ReduceOp) -> Result<Vec<f32>, CommError>,
+    ) -> Result<Self, TrainError> {
+        let wide = self.squared_norm.is_finite() && (self.squared_norm as f32).is_infinite();
+        let flag = |b: bool| f32::from(u8::from(b));
+        let values = vec![flag(self.non_finite), self.squared_norm as f32, flag(wide)];
+        let summed = all_reduce(values, ReduceOp::Sum)?;
+        let non_finite = summed[0] > 0.0;
+        if summed[2] == 0.0 && (summed[1].is_finite() || non_finite) {
+            return Ok(Self {
+                non_finite: non_finite || !summed[1].is_finite(),
+                squared_norm: f64::from(summed[1]),
+            });
+        }
+        let norm = self.squared_norm.sqrt();
+        let largest = f64::from(all_reduce(vec![norm as f32], ReduceOp::Max)?[0]);
+        let relative = if largest > 0.0 && largest.is_finite() {
+            (norm / largest).powi(2)
+        } else {
+            0.0
+        };
+        let sum = f64::from(all_reduce(vec![relative as f32], ReduceOp::Sum)?[0]);
+        Ok(Self {
+            non_finite: non_finite || !largest.is_finite(),
+            squared_norm: largest * largest * sum,
+        })
     }
 }
 

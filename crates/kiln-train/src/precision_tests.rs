@@ -168,3 +168,58 @@ fn clipping_limits_the_global_norm_of_the_update_and_spares_small_gradients() {
         assert!(err.to_string().contains("maximum gradient norm"), "{err}");
     }
 }
+
+#[test]
+fn summed_summaries_stay_finite_beyond_f32s_range_of_squares() {
+    use crate::GradientSummary;
+    use kiln_comm::ReduceOp;
+    // Two ranks, simulated: each all-reduce combines this rank's values with a peer's.
+    let peer = |rank_values: Vec<f32>, op: ReduceOp, peer_values: Vec<f32>| {
+        rank_values
+            .iter()
+            .zip(&peer_values)
+            .map(|(a, b)| match op {
+                ReduceOp::Max => a.max(*b),
+                _ => a + b,
+            })
+            .collect::<Vec<f32>>()
+    };
+    // In range: one round, exact sums.
+    let small = GradientSummary {
+        non_finite: false,
+        squared_norm: 3.0,
+    };
+    let summed = small
+        .sum_over_ranks(|v, op| Ok(peer(v, op, vec![0.0, 4.0, 0.0])))
+        .expect("summed");
+    assert_eq!(
+        summed,
+        GradientSummary {
+            non_finite: false,
+            squared_norm: 7.0
+        }
+    );
+    // A squared norm of 1e40 (norm 1e20) beside a peer's equal one: 2e40, not an overflow.
+    let wide = GradientSummary {
+        non_finite: false,
+        squared_norm: 1e40,
+    };
+    let mut rounds = vec![vec![0.0, f32::INFINITY, 1.0], vec![1e20], vec![1.0]].into_iter();
+    let summed = wide
+        .sum_over_ranks(|v, op| Ok(peer(v, op, rounds.next().expect("three rounds"))))
+        .expect("summed");
+    assert!(!summed.non_finite, "{summed:?}");
+    assert!(
+        (summed.squared_norm / 2e40 - 1.0).abs() < 1e-6,
+        "{summed:?}"
+    );
+    // A real overflow still reads as one.
+    let bad = GradientSummary {
+        non_finite: true,
+        squared_norm: f64::INFINITY,
+    };
+    let summed = bad
+        .sum_over_ranks(|v, op| Ok(peer(v, op, vec![0.0, 1.0, 0.0])))
+        .expect("summed");
+    assert!(summed.non_finite);
+}

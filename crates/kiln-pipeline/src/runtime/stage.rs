@@ -242,10 +242,8 @@ where
     }
 }
 
-/// The summary of the whole model's gradient from each stage's: overflow anywhere, squared
-/// norms added. The wire carries f32, so the stages first agree on the largest stage norm
-/// and then add their squared norms relative to it: a norm beyond f32's range squared
-/// (1.8e19) still clips instead of reading as an overflow.
+/// The summary of the whole model's gradient from each stage's (see
+/// [`GradientSummary::sum_over_ranks`]).
 fn agree_over_stages(
     summary: GradientSummary,
     pipeline: Option<&Communicator>,
@@ -253,19 +251,8 @@ fn agree_over_stages(
     let Some(pipeline) = pipeline else {
         return Ok(summary);
     };
-    let norm = summary.squared_norm.sqrt();
-    let mut largest = [f32::from(u8::from(summary.non_finite)), norm as f32];
-    pipeline.all_reduce(&mut largest, ReduceOp::Max)?;
-    let [non_finite, largest] = largest.map(f64::from);
-    let relative = if largest > 0.0 && largest.is_finite() {
-        (norm / largest).powi(2)
-    } else {
-        0.0
-    };
-    let mut sum = [relative as f32];
-    pipeline.all_reduce(&mut sum, ReduceOp::Sum)?;
-    Ok(GradientSummary {
-        non_finite: non_finite > 0.0 || !largest.is_finite(),
-        squared_norm: largest * largest * f64::from(sum[0]),
+    summary.sum_over_ranks(|mut values, op| {
+        pipeline.all_reduce(&mut values, op)?;
+        Ok(values)
     })
 }
