@@ -23,10 +23,15 @@ use crate::{Pipeline, PipelineConfig, PipelineError};
 const BATCH: usize = 24;
 const STEPS: usize = 3;
 const TOLERANCE: f32 = 1e-5;
+/// Data-parallel pipelines add the stage copies' gradients in another order than one device
+/// accumulating (measured here: 9.0e-6; other CPUs' kernels round differently, so 5× room,
+/// as the data-parallel tests allow).
+const DATA_PARALLEL_TOLERANCE: f32 = 5e-5;
 /// Clipped updates are small (lr × 0.5 over the whole model, ~1e-4 per value), so a one-ulp
 /// difference in a parameter (a different summation order of the data-parallel reduction, the
-/// norm's f32 transport) is ~5e-5 of its change (measured: 5.7e-5 with D = 2, below 1e-5 with D = 1).
-const CLIPPED_TOLERANCE: f32 = 2e-4;
+/// norm's f32 transport) is ~5e-5 of its change (measured: 5.7e-5 with D = 2, 0 with D = 1;
+/// 9× room for other CPUs).
+const CLIPPED_TOLERANCE: f32 = 5e-4;
 
 fn build(device: &Device) -> ResNet {
     init_module(device, 5, || {
@@ -216,7 +221,7 @@ fn every_schedule_trains_like_one_device_accumulating_the_micro_batches() {
 fn data_parallel_pipelines_train_like_one_device_accumulating_every_micro_batch() {
     // D = 2 pipelines of P = 2 stages, M = 2: each step takes two batches of BATCH, so one
     // device accumulates D·M = 4 micro-batches of BATCH/2. The copies of a stage add their
-    // gradients (a different summation order: not bit-identical, within TOLERANCE).
+    // gradients (a different summation order: not bit-identical, within DATA_PARALLEL_TOLERANCE).
     let start = by_path(&build(&Device::flex().autodiff()));
     let want = accumulating(BATCH / 2, 4, 0.1);
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
@@ -225,14 +230,17 @@ fn data_parallel_pipelines_train_like_one_device_accumulating_every_micro_batch(
         assert_eq!(report.stages.len(), 2, "the first pipeline's stages");
         let error = change_error(&report.params, &want, &start);
         assert!(
-            error <= TOLERANCE,
+            error <= DATA_PARALLEL_TOLERANCE,
             "{kind} 2x2: relative error of the change {error:e}"
         );
     }
     // The control: one pipeline alone (half the step's samples) misses by far.
     let alone = run(ScheduleKind::OneFOneB, 2, 2, BATCH, STEPS).expect("one pipeline");
     let error = change_error(&alone.params, &want, &start);
-    assert!(error > TOLERANCE, "the control passed: {error:e}");
+    assert!(
+        error > DATA_PARALLEL_TOLERANCE,
+        "the control passed: {error:e}"
+    );
     // Devices that do not divide into the groups are refused with the reason.
     let err = Pipeline::new(vec![Device::flex(); 3])
         .config(PipelineConfig {
