@@ -25,7 +25,6 @@ pub(crate) struct ToStages<'a> {
 #[derive(Default)]
 pub(crate) struct Driven {
     pub losses: Vec<f32>,
-    pub busy: Vec<Duration>,
     pub forward: Vec<Vec<Duration>>,
     pub backward: Vec<Vec<Duration>>,
     pub peak: Vec<usize>,
@@ -51,7 +50,6 @@ pub(crate) fn drive(
     let groups = threads / stages.max(1);
     let mut driven = Driven {
         losses: Vec::with_capacity(steps),
-        busy: vec![Duration::ZERO; threads],
         forward: vec![Vec::new(); threads],
         backward: vec![Vec::new(); threads],
         peak: vec![0; threads],
@@ -100,7 +98,6 @@ pub(crate) fn drive(
             loss_sum += report.loss_sum;
             let thread = report.thread;
             if step > 0 || steps == 1 {
-                driven.busy[thread] += report.busy;
                 add_into(&mut driven.forward[thread], &report.forward);
                 add_into(&mut driven.backward[thread], &report.backward);
             }

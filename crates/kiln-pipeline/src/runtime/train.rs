@@ -403,7 +403,12 @@ fn finish<M: ImageClassifier>(
             let values = flat[entry.offset..entry.offset + entry.info.numel()].to_vec();
             params.insert(entry.info.path.clone(), values);
         }
-        let busy = driven.busy[index] / steps_timed;
+        // Busy time: every forward and backward the stage ran.
+        let busy: Duration = driven.forward[index]
+            .iter()
+            .chain(&driven.backward[index])
+            .sum::<Duration>()
+            / steps_timed;
         let per_micro_batch = |times: &[Duration]| -> Vec<Duration> {
             let count = steps_timed * plan.micro_batches() as u32;
             times.iter().map(|t| *t / count.max(1)).collect()

@@ -35,8 +35,6 @@ pub(crate) struct StepDone {
     /// Loss summed over samples, correct predictions (the last stage only).
     pub loss_sum: f64,
     pub correct: usize,
-    /// Time spent in forward and backward.
-    pub busy: Duration,
     /// Time spent in forward, per chunk, summed over micro-batches.
     pub forward: Vec<Duration>,
     /// Time spent in backward, per chunk, summed over micro-batches.
@@ -113,7 +111,6 @@ where
                     let start = Instant::now();
                     let (state, loss) = stage.forward(chunk, input, labels);
                     let elapsed = start.elapsed();
-                    report.busy += elapsed;
                     report.forward[chunk] += elapsed;
                     if let Some((loss, correct)) = loss {
                         report.loss_sum += f64::from(loss) * sizes[micro] as f64;
@@ -163,7 +160,6 @@ where
                     let grad =
                         stage.backward(index, chunk, state, upstream, sizes[micro] as f32)?;
                     let elapsed = start.elapsed();
-                    report.busy += elapsed;
                     report.backward[chunk] += elapsed;
                     in_flight -= 1;
                     if let Some(grad) = grad {
