@@ -1,7 +1,17 @@
-//! The planner's search, on costs it is given (profiling the model on the devices comes
-//! next): [`balance_stages`] cuts a model's segments into contiguous pipeline stages, one per
-//! device, minimising the slowest stage under each device's memory limit, with stage times
-//! scaled by the speed of the device that runs them.
+//! kiln's planner: it profiles a model's segments on the devices, predicts the step time and
+//! memory of data-parallel, pipelined and hybrid plans, and picks the fastest that fits.
+//!
+//! - [`profile_segments`] measures each segment's forward and backward time, parameter bytes,
+//!   output bytes and (where the device's memory can be read: an accelerator's allocator, or
+//!   the CPU heap through [`TrackingAllocator`]) the activations it keeps for backward.
+//!   A [`ModelProfile`] holds profiles at several batch sizes and predicts any other size;
+//!   [`ProfileCache`] keeps them as JSON.
+//! - [`predict_data_parallel`] and [`predict_pipeline`] are the cost model; [`choose_plan`]
+//!   searches the data-parallel × pipeline factorisations of the devices and micro-batch
+//!   counts; [`balance_stages`] cuts segments into stages by dynamic programming.
+//! - A [`Plan`] prints as a table ([`Plan::table`]) and round-trips through JSON.
+//!
+//! Stage balancing on its own:
 //!
 //! ```
 //! use kiln_planner::{DeviceCapacity, SegmentCost, balance_stages};
@@ -17,8 +27,28 @@
 //! ```
 #![warn(missing_docs)]
 
+mod cost;
+mod memory;
+mod model_profile;
 mod partition;
 #[cfg(test)]
 mod partition_tests;
+mod plan;
+mod profile;
+#[cfg(test)]
+mod profile_tests;
+mod search;
+#[cfg(test)]
+mod search_tests;
 
+pub use cost::{
+    Interconnect, PipelineShape, PlanDevice, Workload, predict_data_parallel, predict_pipeline,
+};
+pub use memory::TrackingAllocator;
+pub use model_profile::{ModelProfile, ProfileCache, ProfileKey, SegmentAt};
 pub use partition::{DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages};
+pub use plan::{Layout, Plan, Predicted};
+pub use profile::{
+    BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments, segment_name,
+};
+pub use search::{Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan};

@@ -70,6 +70,25 @@ pub enum PlanError {
         /// The largest memory limit among the devices.
         largest_device: u64,
     },
+    /// A plan request the devices, batch or schedule cannot take.
+    #[error("{0}")]
+    Request(String),
+    /// Memory limits were given but the profile could not measure activations.
+    #[error(
+        "a memory limit was given, but the profile has no activation sizes: on the CPU install kiln's TrackingAllocator as the global allocator so the profiler can measure them"
+    )]
+    Unmeasured,
+    /// The plan asked for does not fit the devices' memory.
+    #[error("plan {plan} does not fit: {details}")]
+    ForcedDoesNotFit {
+        /// The plan, as `dp=2` or `pp=2 1f1b M=4`.
+        plan: String,
+        /// Each device over its limit, with its predicted bytes.
+        details: String,
+    },
+    /// A saved plan does not belong to this run.
+    #[error("plan file: {0}")]
+    Mismatch(String),
 }
 
 /// Cuts `segments` into `devices.len()` contiguous stages (stage `i` on `devices[i]`) so that

@@ -1,0 +1,109 @@
+//! The profiler on a real (tiny) ResNet; this test binary runs with the tracking allocator
+//! (see `memory.rs`), as a binary that profiles on the CPU would.
+
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use kiln_core::{Segmented, init_module, param_infos};
+use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+
+use crate::{ProfileOptions, profile_segments};
+
+fn model(device: &Device) -> ResNet {
+    init_module(device, 7, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(4)
+            .init(device)
+    })
+}
+
+#[test]
+fn every_segment_is_timed_and_sized() {
+    let _alone = crate::memory::MEASURING.lock();
+    let device = Device::flex().autodiff();
+    let model = model(&device);
+    let batch = 6;
+    let images = Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+    let labels = Tensor::<1, Int>::from_ints([0, 1, 2, 3, 0, 1], &device);
+    let options = ProfileOptions { runs: 3, warmup: 1 };
+    let profile = profile_segments(&model, images, labels, &options).unwrap();
+    assert_eq!(profile.batch, batch);
+    assert_eq!(profile.segments.len(), model.segments().len());
+    assert_eq!(profile.segments[0].name, "input");
+    assert_eq!(profile.segments.last().unwrap().name, "output");
+    for segment in &profile.segments {
+        assert!(segment.forward_seconds > 0.0, "{segment:?}");
+        assert!(segment.backward_seconds > 0.0, "{segment:?}");
+        assert!(
+            segment.activation_bytes.is_some(),
+            "the tracking allocator is installed"
+        );
+    }
+    // The segments keep at least their outputs (a kernel's scratch buffer shrinking inside
+    // one segment can make that segment's own count smaller, never the sum).
+    let kept: u64 = profile
+        .segments
+        .iter()
+        .map(|s| s.activation_bytes.unwrap())
+        .sum();
+    let outputs: u64 = profile.segments.iter().map(|s| s.output_bytes).sum();
+    assert!(kept >= outputs, "{kept} < {outputs}");
+    // The stem's output: batch x width 4 x 16 x 16 floats.
+    assert_eq!(
+        profile.segments[0].output_bytes,
+        (batch * 4 * 16 * 16 * 4) as u64
+    );
+    // Parameter bytes over the segments are the model's.
+    let (trainable, buffers) = param_infos(&model).iter().fold((0, 0), |(t, b), info| {
+        let bytes = 4 * info.numel() as u64;
+        if info.trainable {
+            (t + bytes, b)
+        } else {
+            (t, b + bytes)
+        }
+    });
+    let sum = |pick: fn(&crate::SegmentProfile) -> u64| -> u64 {
+        profile.segments.iter().map(pick).sum()
+    };
+    assert_eq!(sum(|s| s.trainable_bytes), trainable);
+    assert_eq!(sum(|s| s.buffer_bytes), buffers);
+    assert!(buffers > 0, "batch-norm statistics are buffers");
+}
+
+#[test]
+fn kept_activations_grow_with_the_batch() {
+    let _alone = crate::memory::MEASURING.lock();
+    let device = Device::flex().autodiff();
+    let model = model(&device);
+    let run = |batch: usize| {
+        let images =
+            Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+        let labels = Tensor::<1, Int>::zeros([batch], &device);
+        profile_segments(&model, images, labels, &ProfileOptions::default()).unwrap()
+    };
+    let (small, large) = (run(2), run(16));
+    let kept = |p: &crate::BatchProfile| -> u64 {
+        p.segments.iter().map(|s| s.activation_bytes.unwrap()).sum()
+    };
+    let outputs =
+        |p: &crate::BatchProfile| -> u64 { p.segments.iter().map(|s| s.output_bytes).sum() };
+    // What grows with the batch is at least the outputs' growth (the graph's bookkeeping is
+    // a fixed cost on top).
+    let growth = kept(&large) - kept(&small);
+    assert!(
+        growth >= outputs(&large) - outputs(&small),
+        "{} vs {}",
+        kept(&large),
+        kept(&small)
+    );
+    assert!(kept(&large) > 3 * kept(&small));
+}
+
+#[test]
+fn an_empty_batch_or_no_runs_is_an_error() {
+    let device = Device::flex().autodiff();
+    let model = model(&device);
+    let images = Tensor::<4>::zeros([0, 3, 16, 16], &device);
+    let labels = Tensor::<1, Int>::zeros([0], &device);
+    let err = profile_segments(&model, images, labels, &ProfileOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("one sample"), "{err}");
+}

@@ -1,0 +1,285 @@
+//! Choosing a plan: every data-parallel × pipeline factorisation of the devices and several
+//! micro-batch counts, predicted by the cost model; the fastest that fits wins.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use kiln_pipeline::schedule::ScheduleKind;
+
+use crate::PlanError;
+use crate::cost::{
+    Interconnect, PipelineShape, PlanDevice, Workload, predict_data_parallel, predict_pipeline,
+};
+use crate::model_profile::ModelProfile;
+use crate::plan::Plan;
+
+/// Plans within this fraction of the fastest count as equally fast: among them the simplest
+/// wins (fewest stages, then fewest micro-batches), so that timing noise between runs cannot
+/// flip a choice that does not matter (and with it the arithmetic: batch norm sees
+/// micro-batches in a pipeline).
+pub const TIE_MARGIN: f64 = 0.05;
+
+/// What `--plan` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlanRequest {
+    /// The fastest plan that fits.
+    Auto,
+    /// Data parallel over every device.
+    DataParallel,
+    /// One pipeline of this many stages (one per device).
+    Pipeline(usize),
+    /// `data_parallel` pipelines of `stages` stages.
+    Hybrid {
+        /// Pipelines (D).
+        data_parallel: usize,
+        /// Stages per pipeline (P).
+        stages: usize,
+    },
+    /// A plan saved as JSON.
+    File(PathBuf),
+}
+
+impl FromStr for PlanRequest {
+    type Err = PlanError;
+
+    /// `auto`, `dp`, `pp=N`, `dp=A,pp=B`, or a path to a plan's JSON (ending in `.json`).
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let number = |text: &str, what: &str| -> Result<usize, PlanError> {
+            text.parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    PlanError::Request(format!("`{input}`: {what} must be a positive number"))
+                })
+        };
+        let lower = input.trim().to_ascii_lowercase();
+        match lower.as_str() {
+            "auto" => return Ok(Self::Auto),
+            "dp" => return Ok(Self::DataParallel),
+            _ => {}
+        }
+        if let Some(stages) = lower.strip_prefix("pp=") {
+            return Ok(Self::Pipeline(number(stages, "the stage count")?));
+        }
+        if let Some(rest) = lower.strip_prefix("dp=")
+            && let Some((dp, pp)) = rest.split_once(",pp=")
+        {
+            return Ok(Self::Hybrid {
+                data_parallel: number(dp, "the pipeline count")?,
+                stages: number(pp, "the stage count")?,
+            });
+        }
+        if lower.ends_with(".json") {
+            return Ok(Self::File(PathBuf::from(input.trim())));
+        }
+        Err(PlanError::Request(format!(
+            "`{input}` is not a plan: use auto, dp, pp=N, dp=A,pp=B or a plan's .json file"
+        )))
+    }
+}
+
+/// Choices the user fixed; the planner makes the others.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Fixed {
+    /// The schedule (`--schedule`); else 1F1B (GPipe's step takes as long and holds more).
+    pub schedule: Option<ScheduleKind>,
+    /// Micro-batches per batch (`--micro-batches`); else P, 2P and 4P are compared.
+    pub micro_batches: Option<usize>,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanChoice {
+    /// The plan to run.
+    pub chosen: Plan,
+    /// The best plan of another shape, if any fits (shown beside the choice).
+    pub runner_up: Option<Plan>,
+    /// Plans predicted (fitting or not).
+    pub considered: usize,
+}
+
+/// Predicts every plan `request` allows on `devices` and picks one: the fastest that fits
+/// each device's memory, where plans within [`TIE_MARGIN`] of it count as ties won by the
+/// simplest. A forced shape (`dp`, `pp=N`, `dp=A,pp=B`) still compares micro-batch counts
+/// unless `fixed` names one.
+///
+/// # Errors
+/// [`PlanError::Request`] for a shape the devices cannot take ([`PlanRequest::File`] is
+/// the caller's to load); [`PlanError::Unmeasured`] when a memory limit is set but the
+/// profile has no activation sizes; [`PlanError::ForcedDoesNotFit`] for a forced shape
+/// that fits nowhere; [`PlanError::DoesNotFit`] when nothing fits.
+pub fn choose_plan(
+    profile: &ModelProfile,
+    devices: &[PlanDevice],
+    net: &Interconnect,
+    workload: &Workload,
+    request: &PlanRequest,
+    fixed: Fixed,
+) -> Result<PlanChoice, PlanError> {
+    let n = devices.len();
+    if n == 0 {
+        return Err(PlanError::Request("no devices to plan for".into()));
+    }
+    let limited = devices.iter().any(|d| d.memory.is_some());
+    let measured = profile
+        .batches
+        .iter()
+        .all(|b| b.segments.iter().all(|s| s.activation_bytes.is_some()));
+    if limited && !measured {
+        return Err(PlanError::Unmeasured);
+    }
+    let shapes: Vec<(usize, usize)> = match request {
+        PlanRequest::Auto => (1..=n)
+            .filter(|d| n % d == 0)
+            .map(|d| (d, n / d))
+            .filter(|&(_, p)| p <= profile.segments())
+            .collect(),
+        PlanRequest::DataParallel => vec![(n, 1)],
+        PlanRequest::Pipeline(p) => vec![(n / p, *p)],
+        PlanRequest::Hybrid {
+            data_parallel,
+            stages,
+        } => vec![(*data_parallel, *stages)],
+        PlanRequest::File(path) => {
+            return Err(PlanError::Request(format!(
+                "{} is a plan file: load it with Plan::from_json",
+                path.display()
+            )));
+        }
+    };
+    if let PlanRequest::Pipeline(p) | PlanRequest::Hybrid { stages: p, .. } = request
+        && shapes[0].0 * p != n
+    {
+        return Err(PlanError::Request(format!(
+            "{p} stages per pipeline need a multiple of {p} devices, there are {n}"
+        )));
+    }
+    let forced = !matches!(request, PlanRequest::Auto);
+    let mut plans = Vec::new();
+    let mut considered = 0;
+    let mut last_error = None;
+    for (d, p) in shapes {
+        let attempts: Vec<Result<Plan, PlanError>> = if p == 1 && fixed.schedule.is_none() {
+            vec![predict_data_parallel(profile, devices, net, workload)]
+        } else {
+            let batch = workload.global_batch / d;
+            let counts = match fixed.micro_batches {
+                Some(m) => vec![m],
+                None => [p, 2 * p, 4 * p]
+                    .into_iter()
+                    .filter(|&m| m <= batch)
+                    .collect(),
+            };
+            let schedule = fixed.schedule.unwrap_or(ScheduleKind::OneFOneB);
+            counts
+                .into_iter()
+                .map(|m| {
+                    let shape = PipelineShape {
+                        data_parallel: d,
+                        stages: p,
+                        micro_batches: m,
+                        schedule,
+                    };
+                    predict_pipeline(profile, devices, net, workload, shape)
+                })
+                .collect()
+        };
+        for attempt in attempts {
+            considered += 1;
+            match attempt {
+                Ok(plan) => match overflow(&plan, devices) {
+                    None => plans.push(plan),
+                    Some(details) => {
+                        last_error = Some(PlanError::ForcedDoesNotFit {
+                            plan: plan.summary(),
+                            details,
+                        });
+                    }
+                },
+                Err(err) => last_error = Some(err),
+            }
+        }
+    }
+    if plans.is_empty() {
+        return Err(match (forced, last_error) {
+            (true, Some(err)) => err,
+            (_, Some(err @ PlanError::Request(_))) => err,
+            _ => does_not_fit(profile, devices, workload),
+        });
+    }
+    let fastest = plans
+        .iter()
+        .map(|p| p.predicted.step_seconds)
+        .fold(f64::INFINITY, f64::min);
+    let chosen_index = (0..plans.len())
+        .filter(|&i| plans[i].predicted.step_seconds <= fastest * (1.0 + TIE_MARGIN))
+        .min_by(|&a, &b| simplicity(&plans[a]).cmp(&simplicity(&plans[b])))
+        .expect("the fastest plan is within the margin");
+    let chosen = plans.remove(chosen_index);
+    let runner_up = plans
+        .into_iter()
+        .filter(|p| p.summary().split(' ').next() != chosen.summary().split(' ').next())
+        .min_by(|a, b| {
+            a.predicted
+                .step_seconds
+                .total_cmp(&b.predicted.step_seconds)
+        });
+    Ok(PlanChoice {
+        chosen,
+        runner_up,
+        considered,
+    })
+}
+
+/// Ordering among near-equal plans: fewer stages, then fewer micro-batches.
+fn simplicity(plan: &Plan) -> (usize, usize) {
+    match &plan.layout {
+        crate::plan::Layout::DataParallel { .. } => (1, 0),
+        crate::plan::Layout::Pipeline {
+            stages,
+            micro_batches,
+            ..
+        } => (*stages, *micro_batches),
+    }
+}
+
+/// The devices whose predicted bytes exceed their limit, described; `None` if all fit.
+fn overflow(plan: &Plan, devices: &[PlanDevice]) -> Option<String> {
+    let over: Vec<String> = devices
+        .iter()
+        .zip(&plan.predicted.device_bytes)
+        .filter_map(|(device, bytes)| match (device.memory, bytes) {
+            (Some(limit), Some(bytes)) if *bytes > limit => Some(format!(
+                "{} needs {:.1} MB of its {:.1} MB",
+                device.name,
+                *bytes as f64 / 1e6,
+                limit as f64 / 1e6
+            )),
+            _ => None,
+        })
+        .collect();
+    (!over.is_empty()).then(|| over.join("; "))
+}
+
+/// Nothing fits: the segment that needs the most memory on its own (its state and one
+/// micro-batch of the finest plan compared), against the largest device.
+fn does_not_fit(profile: &ModelProfile, devices: &[PlanDevice], workload: &Workload) -> PlanError {
+    let micro = (workload.global_batch / (4 * devices.len())).max(1);
+    let (segment, segment_bytes) = profile
+        .at(micro)
+        .iter()
+        .map(|s| crate::cost::state_bytes(s, workload) + s.activation_bytes.unwrap_or(0))
+        .enumerate()
+        .max_by_key(|&(_, bytes)| bytes)
+        .unwrap_or((0, 0));
+    PlanError::DoesNotFit {
+        devices: devices.len(),
+        segment,
+        segment_bytes,
+        largest_device: devices
+            .iter()
+            .map(|d| d.memory.unwrap_or(u64::MAX))
+            .max()
+            .unwrap_or(0),
+    }
+}
