@@ -158,7 +158,7 @@ pub fn predict_pipeline(
             devices.len()
         )));
     }
-    if workload.global_batch % d != 0 {
+    if !workload.global_batch.is_multiple_of(d) {
         return Err(PlanError::Request(format!(
             "a global batch of {} does not divide into {d} pipelines",
             workload.global_batch

@@ -146,7 +146,7 @@ struct Measured {
 /// What a segment's forward left for its backward.
 enum Kept<H> {
     Hidden { leaf: Option<H>, output: H },
-    Loss { leaf: H, loss: Tensor<1> },
+    Loss { leaf: H, loss: Box<Tensor<1>> },
 }
 
 fn run_once<M>(
@@ -187,7 +187,10 @@ where
                 leaf: Some(leaf),
             },
             (SegmentId::Output, Some(leaf)) => Kept::Loss {
-                loss: classification_loss(model.forward_output(leaf.clone()), labels.clone()),
+                loss: Box::new(classification_loss(
+                    model.forward_output(leaf.clone()),
+                    labels.clone(),
+                )),
                 leaf,
             },
             (_, None) => unreachable!("segments after the first receive a hidden activation"),

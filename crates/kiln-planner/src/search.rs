@@ -130,7 +130,7 @@ pub fn choose_plan(
     }
     let shapes: Vec<(usize, usize)> = match request {
         PlanRequest::Auto => (1..=n)
-            .filter(|d| n % d == 0)
+            .filter(|&d| n.is_multiple_of(d))
             .map(|d| (d, n / d))
             .filter(|&(_, p)| p <= profile.segments())
             .collect(),
