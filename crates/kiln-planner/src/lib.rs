@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 mod cost;
+mod interconnect;
 mod memory;
 mod model_profile;
 mod partition;
@@ -44,6 +45,7 @@ mod search_tests;
 pub use cost::{
     Interconnect, PipelineShape, PlanDevice, Workload, predict_data_parallel, predict_pipeline,
 };
+pub use interconnect::measure_interconnect;
 pub use memory::TrackingAllocator;
 pub use model_profile::{ModelProfile, ProfileCache, ProfileKey, SegmentAt};
 pub use partition::{DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages};

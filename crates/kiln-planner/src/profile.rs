@@ -47,11 +47,17 @@ pub struct ProfileOptions {
     pub runs: usize,
     /// Untimed runs first (caches, thread pools, allocator pages).
     pub warmup: usize,
+    /// Compute threads (a pool of its own); `None`: the caller's rayon pool.
+    pub threads: Option<usize>,
 }
 
 impl Default for ProfileOptions {
     fn default() -> Self {
-        Self { runs: 5, warmup: 1 }
+        Self {
+            runs: 5,
+            warmup: 1,
+            threads: None,
+        }
     }
 }
 
@@ -77,7 +83,8 @@ pub enum ProfileError {
 /// cut them) and the medians kept. The loss is cross-entropy against `labels`, part of the
 /// output segment.
 ///
-/// Runs in the caller's rayon pool: profile with the threads a replica or stage will have.
+/// Profile with the threads a replica or stage will have ([`ProfileOptions::threads`]), and
+/// while nothing else allocates: on the CPU the kept activations are the heap's growth.
 ///
 /// # Errors
 /// [`ProfileError::Input`] for zero runs or an empty batch; [`ProfileError::Device`] when
@@ -89,7 +96,7 @@ pub fn profile_segments<M>(
     options: &ProfileOptions,
 ) -> Result<BatchProfile, ProfileError>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + Sync,
 {
     let batch = images.dims()[0];
     if options.runs == 0 || batch == 0 {
@@ -97,6 +104,18 @@ where
             "needs at least one run and one sample (runs {}, batch {batch})",
             options.runs
         )));
+    }
+    if let Some(threads) = options.threads {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kiln-profile-{i}"))
+            .build()
+            .map_err(|err| ProfileError::Input(format!("a pool of {threads} threads: {err}")))?;
+        let options = ProfileOptions {
+            threads: None,
+            ..options.clone()
+        };
+        return pool.install(|| profile_segments(model, images, labels, &options));
     }
     let device = images.device();
     let ids = model.segments();
@@ -257,7 +276,7 @@ pub fn segment_name(id: SegmentId) -> String {
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n % 2 == 1 {

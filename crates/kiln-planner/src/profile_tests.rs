@@ -24,7 +24,11 @@ fn every_segment_is_timed_and_sized() {
     let batch = 6;
     let images = Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
     let labels = Tensor::<1, Int>::from_ints([0, 1, 2, 3, 0, 1], &device);
-    let options = ProfileOptions { runs: 3, warmup: 1 };
+    let options = ProfileOptions {
+        runs: 3,
+        warmup: 1,
+        threads: Some(1),
+    };
     let profile = profile_segments(&model, images, labels, &options).unwrap();
     assert_eq!(profile.batch, batch);
     assert_eq!(profile.segments.len(), model.segments().len());
