@@ -3,6 +3,7 @@
 
 use clap::{Parser, ValueEnum};
 use kiln::amp::Precision;
+use kiln::planner::PlanRequest;
 
 /// Counts that must be at least one (batch sizes, periods, widths, ...).
 fn positive() -> impl clap::builder::TypedValueParser<Value = usize> {
@@ -164,12 +165,14 @@ pub struct Args {
     /// (CPU entries may repeat: stages are threads), instead of data-parallel replicas.
     #[arg(long, value_parser = positive())]
     pub pipeline: Option<usize>,
-    /// Micro-batches each batch is cut into (with --pipeline).
-    #[arg(long, default_value_t = 4, value_parser = positive())]
-    pub micro_batches: usize,
+    /// Micro-batches each batch is cut into, in a pipeline (default with --pipeline: 4; with
+    /// the planner: it compares P, 2P and 4P unless this fixes it).
+    #[arg(long, value_parser = positive())]
+    pub micro_batches: Option<usize>,
     /// Pipeline schedule: gpipe, 1f1b, or interleaved[:V] (V chunks per stage, default 2).
-    #[arg(long, default_value = "1f1b")]
-    pub schedule: kiln::pipeline::schedule::ScheduleKind,
+    /// Default 1f1b; given with the planner, it fixes the schedule of any pipeline it plans.
+    #[arg(long)]
+    pub schedule: Option<kiln::pipeline::schedule::ScheduleKind>,
     /// Print the pipeline schedule as a time x stage chart before training.
     #[arg(long)]
     pub show_schedule: bool,
@@ -183,9 +186,68 @@ pub struct Args {
     /// gradients before the optimizer step.
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub data_parallel: usize,
+    /// How to use the devices: `auto` (profile the model, predict every data-parallel,
+    /// pipeline and hybrid plan, train with the fastest that fits), `dp`, `pp=N` (one
+    /// pipeline of N stages), `dp=A,pp=B` (A pipelines of B stages), or a plan saved with
+    /// --save-plan (`plan.json`). Every plan keeps the global batch (--global-batch).
+    #[arg(long, default_value = "auto")]
+    pub plan: kiln::planner::PlanRequest,
+    /// Samples per optimizer step over all devices, the same for every plan compared
+    /// (default: --batch-size x devices).
+    #[arg(long, value_parser = positive())]
+    pub global_batch: Option<usize>,
+    /// Memory each device may use, for the planner: one size for all (`2GiB`, `512MB`) or
+    /// per device (`cpu:0=2GiB,cpu:1=1GiB`). Default: no limit.
+    #[arg(long)]
+    pub device_memory: Option<String>,
+    /// Keep the planner's profiles in this directory and reuse them when the model, batch
+    /// sizes, device, threads and kiln version match.
+    #[arg(long)]
+    pub profile_cache: Option<std::path::PathBuf>,
+    /// Write the chosen plan as JSON here (load it back with --plan FILE.json).
+    #[arg(long)]
+    pub save_plan: Option<std::path::PathBuf>,
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The options only data-parallel training supports (set ones, by flag name).
+pub fn data_parallel_only(args: &Args) -> Vec<&'static str> {
+    [
+        (args.comm == CommArg::Mpi, "--comm mpi"),
+        (args.amp != AmpArg::F32, "--amp"),
+        (args.zero1, "--zero1"),
+        (args.local_sgd.is_some(), "--local-sgd"),
+        (args.compression != CompressionArg::F32, "--compression"),
+        (args.sync_bn, "--sync-bn"),
+        (args.balance, "--balance"),
+        (args.accumulation != 1, "--accumulation"),
+        (args.no_overlap, "--no-overlap"),
+        (args.bucket_kb != 25 * 1024, "--bucket-kb"),
+        (
+            args.gradient_path != GradientPathArg::Auto,
+            "--gradient-path",
+        ),
+        (args.check_every != 0, "--check-every"),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, name)| name)
+    .collect()
+}
+
+fn plan_text(plan: &PlanRequest) -> String {
+    match plan {
+        PlanRequest::Auto => "auto".into(),
+        PlanRequest::DataParallel => "dp".into(),
+        PlanRequest::Pipeline(p) => format!("pp={p}"),
+        PlanRequest::Hybrid {
+            data_parallel,
+            stages,
+        } => format!("dp={data_parallel},pp={stages}"),
+        PlanRequest::File(path) => path.display().to_string(),
+    }
 }
 
 /// Refuses option combinations that would otherwise be silently ignored.
@@ -202,47 +264,63 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
                 .into(),
         );
     }
+    let dp_only = data_parallel_only(args);
+    let planned_pipeline = matches!(
+        args.plan,
+        PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }
+    );
     if args.pipeline.is_some() {
-        // The pipeline runtime trains pipelines in this process, in f32 (MPI stages and
-        // mixed precision come next).
-        let unsupported = [
-            (args.comm == CommArg::Mpi, "--comm mpi"),
-            (args.amp != AmpArg::F32, "--amp"),
-            (args.zero1, "--zero1"),
-            (args.local_sgd.is_some(), "--local-sgd"),
-            (args.compression != CompressionArg::F32, "--compression"),
-            (args.sync_bn, "--sync-bn"),
-            (args.balance, "--balance"),
-            (args.accumulation != 1, "--accumulation"),
-            (args.no_overlap, "--no-overlap"),
-            (args.bucket_kb != 25 * 1024, "--bucket-kb"),
-            (
-                args.gradient_path != GradientPathArg::Auto,
-                "--gradient-path",
-            ),
-            (args.check_every != 0, "--check-every"),
-        ];
-        let named: Vec<&str> = unsupported
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, n)| *n)
-            .collect();
-        if !named.is_empty() {
+        if args.plan != PlanRequest::Auto
+            || args.global_batch.is_some()
+            || args.device_memory.is_some()
+            || args.profile_cache.is_some()
+            || args.save_plan.is_some()
+        {
+            return Err(
+                "--pipeline fixes the plan by hand: --plan, --global-batch, --device-memory, --profile-cache and --save-plan are the planner's (use --plan pp=N instead of --pipeline N to plan)"
+                    .into(),
+            );
+        }
+        if !dp_only.is_empty() {
             return Err(format!(
                 "--pipeline does not support {} yet: it trains f32 pipelines in this process",
-                named.join(", ")
+                dp_only.join(", ")
             ));
         }
-    } else if args.show_schedule
-        || args.micro_batches != 4
-        || args.schedule != kiln::pipeline::schedule::ScheduleKind::OneFOneB
-        || args.data_parallel != 1
-        || args.split.is_some()
-    {
-        return Err(
-            "--micro-batches, --schedule, --show-schedule, --data-parallel and --split need --pipeline"
-                .into(),
-        );
+    } else {
+        if args.data_parallel != 1 || args.split.is_some() {
+            return Err(
+                "--data-parallel and --split need --pipeline (the planner chooses both: --plan dp=A,pp=B)"
+                    .into(),
+            );
+        }
+        if planned_pipeline && !dp_only.is_empty() {
+            return Err(format!(
+                "--plan {} is a pipeline, which does not support {} yet",
+                plan_text(&args.plan),
+                dp_only.join(", ")
+            ));
+        }
+        let pipeline_choices =
+            args.show_schedule || args.micro_batches.is_some() || args.schedule.is_some();
+        if pipeline_choices && (args.plan == PlanRequest::DataParallel || !dp_only.is_empty()) {
+            return Err(
+                "--micro-batches, --schedule and --show-schedule describe a pipeline; this run is data parallel (--plan dp or data-parallel options)"
+                    .into(),
+            );
+        }
+        if args.comm == CommArg::Mpi
+            && (!matches!(args.plan, PlanRequest::Auto | PlanRequest::DataParallel)
+                || args.global_batch.is_some()
+                || args.device_memory.is_some()
+                || args.profile_cache.is_some()
+                || args.save_plan.is_some())
+        {
+            return Err(
+                "--comm mpi runs data parallel with --batch-size per replica, without the planner (pipelines across processes are not built yet): leave out --plan, --global-batch, --device-memory, --profile-cache and --save-plan"
+                    .into(),
+            );
+        }
     }
     if args.balance && args.comm == CommArg::Mpi {
         return Err("--balance works with --comm local only".into());
@@ -281,6 +359,9 @@ mod tests {
             ["--comm", "tcp"],
             ["--pipeline", "0"],
             ["--schedule", "zigzag"],
+            ["--plan", "fastest"],
+            ["--plan", "pp=0"],
+            ["--global-batch", "0"],
         ] {
             let error = parse(&bad)
                 .err()
@@ -315,7 +396,14 @@ mod tests {
             &["--pipeline", "2", "--amp", "bf16", "--zero1"],
             &["--pipeline", "--amp", "--zero1"],
         );
-        refused(&["--schedule", "gpipe"], &["--schedule", "--pipeline"]);
+        refused(&["--plan", "dp", "--schedule", "gpipe"], &["--schedule"]);
+        refused(&["--zero1", "--micro-batches", "4"], &["--micro-batches"]);
+        refused(&["--plan", "pp=2", "--zero1"], &["pp=2", "--zero1"]);
+        refused(
+            &["--pipeline", "2", "--plan", "dp"],
+            &["--pipeline", "--plan"],
+        );
+        refused(&["--comm", "mpi", "--plan", "pp=2"], &["--comm mpi"]);
         refused(
             &["--data-parallel", "2"],
             &["--data-parallel", "--pipeline"],
@@ -333,6 +421,11 @@ mod tests {
                 "8",
             ],
             &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
+            // The planner: fixed choices for the pipelines it compares, memory limits.
+            &["--schedule", "gpipe", "--micro-batches", "8"],
+            &["--plan", "dp=2,pp=2", "--device-memory", "1GiB"],
+            // Data-parallel options keep `auto` to data parallel (it says so).
+            &["--zero1", "--plan", "auto"],
             &[
                 "--amp",
                 "bf16",

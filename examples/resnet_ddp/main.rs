@@ -20,11 +20,18 @@ use kiln::amp::{AmpStats, MixedPrecision, Precision};
 use kiln::core::{DeviceSpec, fingerprint, init_module};
 use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
 use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, Replica, SyncMode, SyncStats};
+use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
 
 mod args;
 mod pipeline;
+mod planning;
+
+// Counts the heap, so the planner can measure the activations each segment keeps for
+// backward on the CPU (one atomic add per allocation).
+#[global_allocator]
+static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllocator;
 
 use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
@@ -45,6 +52,8 @@ struct Setup {
     transforms: Vec<Transform>,
     valid_transforms: Vec<Transform>,
     model: ResNetConfig,
+    /// Each replica's batch, when the plan gives uneven shares.
+    planned_batches: Option<Vec<usize>>,
 }
 
 /// What a replica reports back.
@@ -123,15 +132,59 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_grad_norm: args.clip_grad_norm,
         ..DdpConfig::default()
     };
-    let setup = Setup {
+    let mut setup = Setup {
         train,
         valid,
         transforms,
         valid_transforms,
         model,
+        planned_batches: None,
     };
     if let Some(stages) = args.pipeline {
-        return pipeline::run(&args, &setup, devices, stages);
+        let shape = pipeline::PipelineRun::by_hand(&args, stages);
+        return pipeline::run(&args, &setup, devices, shape);
+    }
+    // MPI runs are data parallel over every process's devices (planned per process, they
+    // would be planned apart); the in-process run asks the planner.
+    let plan = match args.comm {
+        CommArg::Local => Some(planning::choose(&args, &setup, &specs, &devices)?),
+        CommArg::Mpi => None,
+    };
+    let mut predicted_step = None;
+    if let Some(plan) = &plan {
+        predicted_step = Some(plan.predicted.step_seconds);
+        match &plan.layout {
+            Layout::Pipeline {
+                data_parallel,
+                stages,
+                schedule,
+                micro_batches,
+                split,
+                ..
+            } => {
+                let shape = pipeline::PipelineRun {
+                    stages: *stages,
+                    data_parallel: *data_parallel,
+                    micro_batches: *micro_batches,
+                    schedule: schedule.parse()?,
+                    split: Some(split.clone()),
+                    batch_size: plan.global_batch / data_parallel,
+                    predicted_step,
+                };
+                return pipeline::run(&args, &setup, devices, shape);
+            }
+            Layout::DataParallel { batches } => {
+                if batches.len() != devices.len() {
+                    return Err(format!(
+                        "the plan has {} replicas for {} devices",
+                        batches.len(),
+                        devices.len()
+                    )
+                    .into());
+                }
+                setup.planned_batches = Some(batches.clone());
+            }
+        }
     }
 
     let outcomes: Vec<Outcome> = match args.comm {
@@ -208,17 +261,30 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             global_images / slowest_secs.max(1e-9)
         );
     }
+    if let (Some(plan), Some(predicted)) = (&plan, predicted_step) {
+        let measured = plan.global_batch as f64 / (global_images / slowest_secs.max(1e-9));
+        println!(
+            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
+            predicted * 1e3,
+            measured * 1e3,
+            100.0 * (measured / predicted - 1.0)
+        );
+    }
     Ok(())
 }
 
 fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
+    let batch = match &setup.planned_batches {
+        Some(batches) if batches.iter().any(|&b| b != batches[0]) => format!("{batches:?}"),
+        Some(batches) => format!("{} x {world}", batches[0]),
+        None => format!("{} x {world}", args.batch_size),
+    };
     println!(
-        "kiln: resnet{} width {} | {world} replica(s) on {placement} | {} training / {} validation images | batch {} x {world} x {} accumulation",
+        "kiln: resnet{} width {} | {world} replica(s) on {placement} | {} training / {} validation images | batch {batch} x {} accumulation",
         args.model,
         args.width,
         setup.train.len(),
         setup.valid.len(),
-        args.batch_size,
         args.accumulation
     );
 }
@@ -272,7 +338,8 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     let (batch_size, weights) = if args.balance {
         let split = replica.split_batch(
             measure_throughput(&model, setup, args, &device)?,
-            args.batch_size * replica.world_size(),
+            args.global_batch
+                .unwrap_or(args.batch_size * replica.world_size()),
         )?;
         if primary {
             println!(
@@ -281,6 +348,14 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
             );
         }
         (split.batches[replica.rank()], Some(split.weights()))
+    } else if let Some(batches) = &setup.planned_batches
+        && batches.iter().any(|&b| b != batches[0])
+    {
+        // Uneven shares: each replica's data share follows its batch share.
+        let weights = batches.iter().map(|&b| b as f64).collect();
+        (batches[replica.rank()], Some(weights))
+    } else if let Some(batches) = &setup.planned_batches {
+        (batches[0], None)
     } else {
         (args.batch_size, None)
     };

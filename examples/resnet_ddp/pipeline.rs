@@ -15,13 +15,46 @@ use kiln::train::LrSchedule;
 use crate::Setup;
 use crate::args::Args;
 
+/// The shape of a pipelined run: given by hand (--pipeline) or planned.
+pub struct PipelineRun {
+    pub stages: usize,
+    /// Pipelines (D).
+    pub data_parallel: usize,
+    pub micro_batches: usize,
+    pub schedule: kiln::pipeline::schedule::ScheduleKind,
+    /// Segments per virtual stage (`None`: even by count).
+    pub split: Option<Vec<usize>>,
+    /// Samples of each pipeline's batch.
+    pub batch_size: usize,
+    /// The planner's predicted step seconds, shown beside the measured step.
+    pub predicted_step: Option<f64>,
+}
+
+impl PipelineRun {
+    /// `--pipeline P` with the pipeline options as given.
+    pub fn by_hand(args: &Args, stages: usize) -> Self {
+        Self {
+            stages,
+            data_parallel: args.data_parallel,
+            micro_batches: args.micro_batches.unwrap_or(4),
+            schedule: args
+                .schedule
+                .unwrap_or(kiln::pipeline::schedule::ScheduleKind::OneFOneB),
+            split: args.split.clone(),
+            batch_size: args.batch_size,
+            predicted_step: None,
+        }
+    }
+}
+
 pub fn run(
     args: &Args,
     setup: &Setup,
     devices: Vec<Device>,
-    stages: usize,
+    shape: PipelineRun,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let groups = args.data_parallel;
+    let (stages, groups) = (shape.stages, shape.data_parallel);
+    let (micro_batches, batch_size) = (shape.micro_batches, shape.batch_size);
     if devices.len() != groups * stages {
         return Err(format!(
             "--pipeline {stages} --data-parallel {groups} needs {} --devices entries (one per stage of each pipeline), got {}",
@@ -30,8 +63,8 @@ pub fn run(
         )
         .into());
     }
-    let kind = args.schedule;
-    let plan = Schedule::new(kind, stages, args.micro_batches)?;
+    let kind = shape.schedule;
+    let plan = Schedule::new(kind, stages, micro_batches)?;
     if args.show_schedule {
         // Equal stages, backward twice a forward: the textbook shape of this schedule.
         println!(
@@ -40,7 +73,7 @@ pub fn run(
         );
     }
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
-        .batch_size(args.batch_size)
+        .batch_size(batch_size)
         .num_workers(args.workers)
         .prefetch(args.prefetch)
         .shuffle(args.seed)
@@ -56,7 +89,7 @@ pub fn run(
         .cosine(steps, 0.0);
     println!(
         "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each) on {} | {steps} steps",
-        args.model, args.width, args.micro_batches, args.batch_size, args.devices
+        args.model, args.width, micro_batches, batch_size, args.devices
     );
     let build = |device: &Device| -> ResNet {
         init_module(device, args.seed, || {
@@ -76,11 +109,11 @@ pub fn run(
     };
     let config = PipelineConfig {
         schedule: kind,
-        micro_batches: args.micro_batches,
+        micro_batches,
         threads_per_stage: args.threads,
         data_parallel: groups,
         max_grad_norm: args.clip_grad_norm,
-        split: args.split.clone(),
+        split: shape.split.clone(),
         ..PipelineConfig::default()
     };
     let report = Pipeline::new(devices).config(config).train(
@@ -95,8 +128,16 @@ pub fn run(
     println!(
         "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} img/s",
         report.step_time.as_secs_f64() * 1e3,
-        (groups * args.batch_size) as f64 / report.step_time.as_secs_f64().max(1e-9)
+        (groups * batch_size) as f64 / report.step_time.as_secs_f64().max(1e-9)
     );
+    if let Some(predicted) = shape.predicted_step {
+        println!(
+            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
+            predicted * 1e3,
+            report.step_time.as_secs_f64() * 1e3,
+            100.0 * (report.step_time.as_secs_f64() / predicted - 1.0)
+        );
+    }
     for (index, stage) in report.stages.iter().enumerate() {
         println!(
             "stage {index}: segments {:?} | parameters {:.2} MB | peak {} micro-batch activations | busy {:.0}%",
@@ -109,7 +150,7 @@ pub fn run(
     println!(
         "bubble: measured {:.1}% | formula {:.1}% (equal stages)",
         100.0 * report.bubble_fraction(),
-        100.0 * bubble_formula(kind, stages, args.micro_batches)?
+        100.0 * bubble_formula(kind, stages, micro_batches)?
     );
     // Trainable parameters in path order: equal for every schedule (each adds the same
     // micro-batch gradients in the same order).

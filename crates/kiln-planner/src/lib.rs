@@ -48,7 +48,9 @@ pub use cost::{
 pub use interconnect::measure_interconnect;
 pub use memory::TrackingAllocator;
 pub use model_profile::{ModelProfile, ProfileCache, ProfileKey, SegmentAt};
-pub use partition::{DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages};
+pub use partition::{
+    DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages, human_bytes,
+};
 pub use plan::{Layout, Plan, Predicted};
 pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments, segment_name,

@@ -58,17 +58,32 @@ pub enum PlanError {
     },
     /// No split fits the memory limits.
     #[error(
-        "no split of the model into {devices} stages fits the devices' memory: the largest segment ({segment}) alone needs {segment_bytes} bytes, the largest device holds {largest_device} bytes"
+        "no split of the model into {devices} stages fits the devices' memory: the largest segment ({name}, index {segment}) alone needs {segment_bytes} bytes, the largest device holds {largest_device} bytes"
     )]
     DoesNotFit {
         /// Stages asked for.
         devices: usize,
         /// The segment that needs the most memory on its own.
         segment: usize,
+        /// Its name (`segment N` when the costs carry no names).
+        name: String,
         /// Its bytes (state plus one micro-batch of activations).
         segment_bytes: u64,
         /// The largest memory limit among the devices.
         largest_device: u64,
+    },
+    /// Every segment fits some device, but no contiguous split fits them all.
+    #[error(
+        "no split of the model into {} stages fits the devices' memory: the closest needs {} against limits {}",
+        stage_bytes.len(),
+        megabytes(stage_bytes.iter().map(|&b| Some(b))),
+        megabytes(limits.iter().copied())
+    )]
+    NoSplitFits {
+        /// Bytes of each stage in the split closest to fitting.
+        stage_bytes: Vec<u64>,
+        /// Each stage device's limit.
+        limits: Vec<Option<u64>>,
     },
     /// A plan request the devices, batch or schedule cannot take.
     #[error("{0}")]
@@ -120,44 +135,14 @@ pub fn balance_stages(
         } else {
             0.0
         };
-        let bytes: u64 = segments[range]
-            .iter()
-            .map(|s| s.state_bytes + device.in_flight * s.activation_bytes)
-            .sum();
+        let bytes = stage_bytes(segments, devices, stage, range);
         let fits = device.memory.is_none_or(|limit| bytes <= limit);
         fits.then_some((work * device.slowdown + transfer, bytes))
     };
-    // best[s][j]: the smallest bottleneck of stages 0..s covering segments 0..j, and the
-    // start of stage s − 1 that achieves it.
-    let mut best = vec![vec![None::<(f64, usize)>; n + 1]; p + 1];
-    best[0][0] = Some((0.0, 0));
-    for s in 1..=p {
-        // Stage s − 1 ends at j; the stages after it need at least one segment each.
-        for j in s..=n - (p - s) {
-            for i in (s - 1)..j {
-                let Some((before, _)) = best[s - 1][i] else {
-                    continue;
-                };
-                let Some((time, _)) = cost(s - 1, i..j) else {
-                    continue;
-                };
-                let bottleneck = before.max(time);
-                if best[s][j].is_none_or(|(b, _)| bottleneck < b) {
-                    best[s][j] = Some((bottleneck, i));
-                }
-            }
-        }
-    }
-    if best[p][n].is_none() {
-        return Err(does_not_fit(segments, devices));
-    }
-    let mut stages = vec![0..0; p];
-    let mut end = n;
-    for s in (1..=p).rev() {
-        let (_, start) = best[s][end].expect("a reachable state has a predecessor");
-        stages[s - 1] = start..end;
-        end = start;
-    }
+    let time = |stage: usize, range: Range<usize>| cost(stage, range).map(|(t, _)| t);
+    let Some(stages) = min_max_split(n, p, time) else {
+        return Err(no_split_fits(segments, devices));
+    };
     let (stage_seconds, stage_bytes) = stages
         .iter()
         .enumerate()
@@ -170,6 +155,95 @@ pub fn balance_stages(
     })
 }
 
+/// Bytes stage `stage` holds with `range`: state, and activations for its micro-batches in
+/// flight.
+fn stage_bytes(
+    segments: &[SegmentCost],
+    devices: &[DeviceCapacity],
+    stage: usize,
+    range: Range<usize>,
+) -> u64 {
+    segments[range]
+        .iter()
+        .map(|s| s.state_bytes + devices[stage].in_flight * s.activation_bytes)
+        .sum()
+}
+
+/// The contiguous split of `n` segments into `p` non-empty stages minimising the largest
+/// `cost(stage, range)` (`None`: not allowed), ties to the earliest boundaries; `None` when
+/// no split is allowed.
+fn min_max_split(
+    n: usize,
+    p: usize,
+    cost: impl Fn(usize, Range<usize>) -> Option<f64>,
+) -> Option<Vec<Range<usize>>> {
+    // best[s][j]: the smallest bottleneck of stages 0..s covering segments 0..j, and the
+    // start of stage s − 1 that achieves it.
+    let mut best = vec![vec![None::<(f64, usize)>; n + 1]; p + 1];
+    best[0][0] = Some((0.0, 0));
+    for s in 1..=p {
+        // Stage s − 1 ends at j; the stages after it need at least one segment each.
+        for j in s..=n - (p - s) {
+            for i in (s - 1)..j {
+                let Some((before, _)) = best[s - 1][i] else {
+                    continue;
+                };
+                let Some(value) = cost(s - 1, i..j) else {
+                    continue;
+                };
+                let bottleneck = before.max(value);
+                if best[s][j].is_none_or(|(b, _)| bottleneck < b) {
+                    best[s][j] = Some((bottleneck, i));
+                }
+            }
+        }
+    }
+    best[p][n]?;
+    let mut stages = vec![0..0; p];
+    let mut end = n;
+    for s in (1..=p).rev() {
+        let (_, start) = best[s][end].expect("a reachable state has a predecessor");
+        stages[s - 1] = start..end;
+        end = start;
+    }
+    Some(stages)
+}
+
+/// Why no split fits: a segment too large for any device on its own, else the split that
+/// comes closest (the smallest worst ratio of bytes to limit) and its bytes.
+fn no_split_fits(segments: &[SegmentCost], devices: &[DeviceCapacity]) -> PlanError {
+    let too_big = does_not_fit(segments, devices);
+    let PlanError::DoesNotFit {
+        segment_bytes,
+        largest_device,
+        ..
+    } = &too_big
+    else {
+        unreachable!("does_not_fit describes a segment")
+    };
+    if segment_bytes > largest_device {
+        return too_big;
+    }
+    let ratio = |stage: usize, range: Range<usize>| {
+        let bytes = stage_bytes(segments, devices, stage, range) as f64;
+        Some(
+            devices[stage]
+                .memory
+                .map_or(0.0, |limit| bytes / limit.max(1) as f64),
+        )
+    };
+    let closest = min_max_split(segments.len(), devices.len(), ratio)
+        .expect("without limits every split is allowed");
+    PlanError::NoSplitFits {
+        stage_bytes: closest
+            .iter()
+            .enumerate()
+            .map(|(s, r)| stage_bytes(segments, devices, s, r.clone()))
+            .collect(),
+        limits: devices.iter().map(|d| d.memory).collect(),
+    }
+}
+
 fn does_not_fit(segments: &[SegmentCost], devices: &[DeviceCapacity]) -> PlanError {
     let (segment, segment_bytes) = segments
         .iter()
@@ -180,11 +254,34 @@ fn does_not_fit(segments: &[SegmentCost], devices: &[DeviceCapacity]) -> PlanErr
     PlanError::DoesNotFit {
         devices: devices.len(),
         segment,
+        name: format!("segment {segment}"),
         segment_bytes,
         largest_device: devices
             .iter()
             .map(|d| d.memory.unwrap_or(u64::MAX))
             .max()
             .unwrap_or(0),
+    }
+}
+
+/// `[12.0 MB, none]`.
+fn megabytes(bytes: impl Iterator<Item = Option<u64>>) -> String {
+    let parts: Vec<String> = bytes
+        .map(|b| b.map_or("none".into(), human_bytes))
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// `512 B`, `40.0 KB`, `12.3 MB`, `1.50 GB` (decimal units).
+pub fn human_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b < 1e3 {
+        format!("{bytes} B")
+    } else if b < 1e6 {
+        format!("{:.1} KB", b / 1e3)
+    } else if b < 1e9 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.2} GB", b / 1e9)
     }
 }

@@ -109,6 +109,14 @@ proptest! {
                 }
             }
             Err(PlanError::DoesNotFit { .. }) => prop_assert!(want.is_none()),
+            Err(PlanError::NoSplitFits { stage_bytes, limits }) => {
+                prop_assert!(want.is_none());
+                // The closest split still overflows a device.
+                prop_assert!(stage_bytes
+                    .iter()
+                    .zip(&limits)
+                    .any(|(b, l)| l.is_some_and(|l| *b > l)));
+            }
             Err(err) => prop_assert!(false, "unexpected {}", err),
         }
     }
@@ -146,13 +154,30 @@ fn memory_limits_move_the_boundary_and_an_impossible_model_is_named() {
         PlanError::DoesNotFit {
             devices: 3,
             segment: 4,
+            name: "segment 4".into(),
             segment_bytes: 505,
             largest_device: 100
         }
     );
     assert!(
         err.to_string()
-            .contains("largest segment (4) alone needs 505 bytes")
+            .contains("largest segment (segment 4, index 4) alone needs 505 bytes")
+    );
+    // Every segment fits a device, but four of 25 bytes do not fit two devices of 40: the
+    // error gives the closest split and the limits instead of blaming a segment.
+    let err = balance_stages(&[segment(1.0, 20, 5); 4], &[device(1.0, Some(40)); 2], 0.0)
+        .expect_err("no split");
+    assert_eq!(
+        err,
+        PlanError::NoSplitFits {
+            stage_bytes: vec![50, 50],
+            limits: vec![Some(40), Some(40)]
+        }
+    );
+    assert!(
+        err.to_string()
+            .contains("the closest needs [50 B, 50 B] against limits [40 B, 40 B]"),
+        "{err}"
     );
     let shape = balance_stages(&segments[..2], &[device(1.0, None); 3], 0.0).expect_err("shape");
     assert_eq!(

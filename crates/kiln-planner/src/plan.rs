@@ -105,7 +105,7 @@ impl Plan {
     pub fn table(&self) -> String {
         let mut out = String::new();
         let memory = |device: usize| match self.predicted.device_bytes.get(device) {
-            Some(Some(bytes)) => format!("{:.1} MB", *bytes as f64 / 1e6),
+            Some(Some(bytes)) => crate::partition::human_bytes(*bytes),
             _ => "not measured".into(),
         };
         let _ = writeln!(

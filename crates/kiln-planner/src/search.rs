@@ -250,10 +250,10 @@ fn overflow(plan: &Plan, devices: &[PlanDevice]) -> Option<String> {
         .zip(&plan.predicted.device_bytes)
         .filter_map(|(device, bytes)| match (device.memory, bytes) {
             (Some(limit), Some(bytes)) if *bytes > limit => Some(format!(
-                "{} needs {:.1} MB of its {:.1} MB",
+                "{} needs {} of its {}",
                 device.name,
-                *bytes as f64 / 1e6,
-                limit as f64 / 1e6
+                crate::partition::human_bytes(*bytes),
+                crate::partition::human_bytes(limit)
             )),
             _ => None,
         })
@@ -275,6 +275,11 @@ fn does_not_fit(profile: &ModelProfile, devices: &[PlanDevice], workload: &Workl
     PlanError::DoesNotFit {
         devices: devices.len(),
         segment,
+        name: profile
+            .segment_names()
+            .get(segment)
+            .cloned()
+            .unwrap_or_default(),
         segment_bytes,
         largest_device: devices
             .iter()
