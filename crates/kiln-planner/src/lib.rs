@@ -55,4 +55,4 @@ pub use plan::{Layout, Plan, Predicted};
 pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments, segment_name,
 };
-pub use search::{Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan};
+pub use search::{DATA_PARALLEL_MARGIN, Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan};

@@ -11,13 +11,19 @@ use crate::cost::{
     Interconnect, PipelineShape, PlanDevice, Workload, predict_data_parallel, predict_pipeline,
 };
 use crate::model_profile::ModelProfile;
-use crate::plan::Plan;
+use crate::plan::{Layout, Plan};
 
 /// Plans within this fraction of the fastest count as equally fast: among them the simplest
 /// wins (fewest stages, then fewest micro-batches), so that timing noise between runs cannot
 /// flip a choice that does not matter (and with it the arithmetic: batch norm sees
 /// micro-batches in a pipeline).
 pub const TIE_MARGIN: f64 = 0.05;
+
+/// A fitting data-parallel plan gives way to a pipelined one only when that is predicted
+/// this much faster: the two are predicted from profiles at different batch sizes (separate
+/// measurements, each with its own noise), and the switch changes the arithmetic (batch norm
+/// over micro-batches), so a close call must not flip between runs on identical devices.
+pub const DATA_PARALLEL_MARGIN: f64 = 0.15;
 
 /// What `--plan` asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,8 +105,9 @@ pub struct PlanChoice {
 }
 
 /// Predicts every plan `request` allows on `devices` and picks one: the fastest that fits
-/// each device's memory, where plans within [`TIE_MARGIN`] of it count as ties won by the
-/// simplest. A forced shape (`dp`, `pp=N`, `dp=A,pp=B`) still compares micro-batch counts
+/// each device's memory, where a fitting data-parallel plan stays unless a pipeline is more
+/// than [`DATA_PARALLEL_MARGIN`] faster, and plans within [`TIE_MARGIN`] of the fastest
+/// count as ties won by the simplest. A forced shape (`dp`, `pp=N`, `dp=A,pp=B`) still compares micro-batch counts
 /// unless `fixed` names one.
 ///
 /// # Errors
@@ -207,23 +214,7 @@ pub fn choose_plan(
             _ => does_not_fit(profile, devices, workload),
         });
     }
-    let fastest = plans
-        .iter()
-        .map(|p| p.predicted.step_seconds)
-        .fold(f64::INFINITY, f64::min);
-    let chosen_index = (0..plans.len())
-        .filter(|&i| plans[i].predicted.step_seconds <= fastest * (1.0 + TIE_MARGIN))
-        .min_by(|&a, &b| simplicity(&plans[a]).cmp(&simplicity(&plans[b])))
-        .expect("the fastest plan is within the margin");
-    let chosen = plans.remove(chosen_index);
-    let runner_up = plans
-        .into_iter()
-        .filter(|p| p.summary().split(' ').next() != chosen.summary().split(' ').next())
-        .min_by(|a, b| {
-            a.predicted
-                .step_seconds
-                .total_cmp(&b.predicted.step_seconds)
-        });
+    let (chosen, runner_up) = pick(plans);
     Ok(PlanChoice {
         chosen,
         runner_up,
@@ -231,11 +222,40 @@ pub fn choose_plan(
     })
 }
 
+/// The plan to run among fitting `plans`, and the best of another shape. A fitting
+/// data-parallel plan is kept unless a pipelined one is predicted more than
+/// [`DATA_PARALLEL_MARGIN`] faster; among the rest, plans within [`TIE_MARGIN`] of the
+/// fastest are ties won by the simplest.
+///
+/// # Panics
+/// If `plans` is empty.
+pub(crate) fn pick(mut plans: Vec<Plan>) -> (Plan, Option<Plan>) {
+    let time = |p: &Plan| p.predicted.step_seconds;
+    let fastest = plans.iter().map(time).fold(f64::INFINITY, f64::min);
+    let data_parallel = plans
+        .iter()
+        .position(|p| matches!(p.layout, Layout::DataParallel { .. }))
+        .filter(|&i| time(&plans[i]) <= fastest * (1.0 + DATA_PARALLEL_MARGIN));
+    let chosen_index = data_parallel.unwrap_or_else(|| {
+        (0..plans.len())
+            .filter(|&i| time(&plans[i]) <= fastest * (1.0 + TIE_MARGIN))
+            .min_by_key(|&i| simplicity(&plans[i]))
+            .expect("the fastest plan is within the margin")
+    });
+    let chosen = plans.remove(chosen_index);
+    let shape = |p: &Plan| p.summary().split(' ').next().map(str::to_owned);
+    let runner_up = plans
+        .into_iter()
+        .filter(|p| shape(p) != shape(&chosen))
+        .min_by(|a, b| time(a).total_cmp(&time(b)));
+    (chosen, runner_up)
+}
+
 /// Ordering among near-equal plans: fewer stages, then fewer micro-batches.
 fn simplicity(plan: &Plan) -> (usize, usize) {
     match &plan.layout {
-        crate::plan::Layout::DataParallel { .. } => (1, 0),
-        crate::plan::Layout::Pipeline {
+        Layout::DataParallel { .. } => (1, 0),
+        Layout::Pipeline {
             stages,
             micro_batches,
             ..

@@ -325,3 +325,37 @@ fn a_profile_predicts_other_batch_sizes_on_the_line_through_two() {
     assert_eq!(model.at(16)[0].output_bytes, MB / 10 * 16);
     assert_eq!(model.at(16)[0].activation_bytes, Some(16 * MB));
 }
+
+#[test]
+fn a_close_pipeline_does_not_displace_data_parallel_but_a_clear_win_does() {
+    let model = profile(8, MB, true);
+    let plans = |pipeline_ms: f64| {
+        let net = CHEAP;
+        let mut dp =
+            crate::predict_data_parallel(&model, &devices(2, None), &net, &workload(64)).unwrap();
+        let mut pp = crate::predict_pipeline(
+            &model,
+            &devices(2, None),
+            &net,
+            &workload(64),
+            crate::PipelineShape {
+                data_parallel: 1,
+                stages: 2,
+                micro_batches: 4,
+                schedule: ScheduleKind::OneFOneB,
+            },
+        )
+        .unwrap();
+        dp.predicted.step_seconds = 0.100;
+        pp.predicted.step_seconds = pipeline_ms / 1e3;
+        vec![pp, dp]
+    };
+    // 10 % faster: within the margin, data parallel stays (and the pipeline is the
+    // runner-up).
+    let (chosen, runner_up) = crate::search::pick(plans(91.0));
+    assert_eq!(chosen.summary(), "dp=2");
+    assert!(runner_up.unwrap().summary().starts_with("pp=2"));
+    // 20 % faster: the pipeline wins.
+    let (chosen, _) = crate::search::pick(plans(80.0));
+    assert!(chosen.summary().starts_with("pp=2"), "{}", chosen.summary());
+}
