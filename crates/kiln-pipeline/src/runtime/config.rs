@@ -31,6 +31,11 @@ pub struct PipelineConfig {
     /// the data-parallel reduction), with PyTorch's `clip_grad_norm_` formula. `None`: no
     /// clipping.
     pub max_grad_norm: Option<f32>,
+    /// Emulates slower devices on identical ones: stage `i` (of every pipeline) waits
+    /// `emulated_slowdown[i] − 1` times each forward's and backward's compute time after it,
+    /// as a device that many times slower would take, and counts the wait as compute. For
+    /// benchmarks and tests of plans for heterogeneous devices; empty (the default): none.
+    pub emulated_slowdown: Vec<f64>,
 }
 
 impl Default for PipelineConfig {
@@ -43,6 +48,7 @@ impl Default for PipelineConfig {
             threads_per_stage: None,
             data_parallel: 1,
             max_grad_norm: None,
+            emulated_slowdown: Vec::new(),
         }
     }
 }
@@ -109,6 +115,15 @@ impl PipelineConfig {
         {
             return Err(PipelineError::Config(format!(
                 "max_grad_norm must be positive and finite, not {norm}"
+            )));
+        }
+        if let Some(bad) = self
+            .emulated_slowdown
+            .iter()
+            .find(|s| !(s.is_finite() && **s >= 1.0))
+        {
+            return Err(PipelineError::Config(format!(
+                "emulated_slowdown must be at least 1 and finite, not {bad}"
             )));
         }
         if self.threads_per_stage == Some(0) {

@@ -56,9 +56,20 @@ pub(crate) struct Stage<M> {
     flat: Vec<f32>,
     /// Bytes of the stage's parameters and buffers as held.
     pub param_bytes: usize,
+    /// Each compute takes this many times its time (see `PipelineConfig::emulated_slowdown`).
+    pub emulated_slowdown: f64,
 }
 
 impl<M> Stage<M> {
+    /// Waits as long as a device `emulated_slowdown` times slower would have needed beyond
+    /// `elapsed`; returns the emulated compute time.
+    pub(crate) fn emulate(&self, elapsed: std::time::Duration) -> std::time::Duration {
+        if self.emulated_slowdown > 1.0 {
+            std::thread::sleep(elapsed.mul_f64(self.emulated_slowdown - 1.0));
+        }
+        elapsed.mul_f64(self.emulated_slowdown)
+    }
+
     /// The trainable parameters' layout (for reading the trained values).
     pub(crate) fn layout(&self) -> &FlatLayout {
         &self.layout
@@ -99,6 +110,7 @@ where
             flat: vec![0.0; layout.len()],
             layout,
             param_bytes,
+            emulated_slowdown: 1.0,
         }
     }
 

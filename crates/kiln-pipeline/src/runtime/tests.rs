@@ -439,3 +439,30 @@ fn a_panicking_stage_stops_every_stage_promptly_with_its_error() {
         started.elapsed()
     );
 }
+
+#[test]
+fn an_emulated_slow_stage_trains_the_same_and_is_the_busy_one() {
+    let config = |slowdown: Vec<f64>| PipelineConfig {
+        schedule: ScheduleKind::OneFOneB,
+        micro_batches: 2,
+        emulated_slowdown: slowdown,
+        ..PipelineConfig::default()
+    };
+    let plain = run_config(config(Vec::new()), 2, BATCH, 2).unwrap();
+    let slow = run_config(config(vec![1.0, 4.0]), 2, BATCH, 2).unwrap();
+    assert_eq!(plain.params, slow.params, "waiting changes no arithmetic");
+    // Stage 1 computes four times as long as it would: stage 0 waits for it.
+    assert!(
+        slow.stages[1].busy_fraction > slow.stages[0].busy_fraction,
+        "{:?}",
+        slow.stages
+    );
+    for (bad, message) in [
+        (vec![1.0, 0.5], "at least 1"),
+        (vec![1.0, f64::NAN], "at least 1"),
+        (vec![2.0], "names 1 stages, the pipeline has 2"),
+    ] {
+        let err = run_config(config(bad), 2, BATCH, 1).unwrap_err();
+        assert!(err.to_string().contains(message), "{err}");
+    }
+}

@@ -144,6 +144,13 @@ impl Pipeline {
             )));
         }
         let stages = total / groups;
+        let slowdown = &self.config.emulated_slowdown;
+        if !slowdown.is_empty() && slowdown.len() != stages {
+            return Err(PipelineError::Config(format!(
+                "emulated_slowdown names {} stages, the pipeline has {stages}",
+                slowdown.len()
+            )));
+        }
         let plan = Schedule::new(self.config.schedule, stages, self.config.micro_batches)?;
         let threads = self
             .config
@@ -331,7 +338,13 @@ where
                 .config
                 .segments_per_virtual_stage(model.segments().len(), stages)?;
             let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
-            let stage = Stage::new(model, chunks);
+            let mut stage = Stage::new(model, chunks);
+            stage.emulated_slowdown = self
+                .config
+                .emulated_slowdown
+                .get(index)
+                .copied()
+                .unwrap_or(1.0);
             let optimizer = (self.optimizer)();
             let mut rule = MeanGradient::new(MixedPrecision::f32());
             if let Some(norm) = self.config.max_grad_norm {

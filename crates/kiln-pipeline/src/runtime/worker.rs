@@ -110,7 +110,7 @@ where
                         .then(|| data.micro_batches[micro].labels.clone());
                     let start = Instant::now();
                     let (state, loss) = stage.forward(chunk, input, labels);
-                    let elapsed = start.elapsed();
+                    let elapsed = stage.emulate(start.elapsed());
                     report.forward[chunk] += elapsed;
                     if let Some((loss, correct)) = loss {
                         report.loss_sum += f64::from(loss) * sizes[micro] as f64;
@@ -159,7 +159,7 @@ where
                     let start = Instant::now();
                     let grad =
                         stage.backward(index, chunk, state, upstream, sizes[micro] as f32)?;
-                    let elapsed = start.elapsed();
+                    let elapsed = stage.emulate(start.elapsed());
                     report.backward[chunk] += elapsed;
                     in_flight -= 1;
                     if let Some(grad) = grad {
