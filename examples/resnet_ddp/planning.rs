@@ -210,14 +210,17 @@ fn profile_model(
             .next()
             .ok_or("the training set is smaller than one batch")??
     };
-    let options = ProfileOptions {
-        threads: Some(threads),
-        ..ProfileOptions::default()
-    };
     let batches = key
         .batches
         .iter()
-        .map(|&size| -> Result<BatchProfile, Error> {
+        .enumerate()
+        .map(|(i, &size)| -> Result<BatchProfile, Error> {
+            // The first (smallest) size warms caches and pools up for the others.
+            let options = ProfileOptions {
+                threads: Some(threads),
+                warmup: usize::from(i == 0),
+                ..ProfileOptions::default()
+            };
             let images = batch.images.clone().slice(0..size);
             let labels = batch.labels.clone().slice(0..size);
             Ok(profile_segments(&model, images, labels, &options)?)

@@ -10,6 +10,7 @@ mod loader;
 mod overhead;
 mod peer;
 mod pipeline;
+mod planner;
 mod profile;
 mod threads;
 mod throughput;
@@ -42,7 +43,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 9] = [
+const SUITE: [(&str, Bench); 10] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -52,6 +53,7 @@ const SUITE: [(&str, Bench); 9] = [
     ("profile", profile::run),
     ("peer", peer::run),
     ("pipeline", pipeline::run),
+    ("planner", planner::run),
 ];
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {

@@ -8,9 +8,7 @@ use kiln::data::DataLoader;
 use kiln::ddp::{DataParallel, DdpConfig, SyncStats};
 use kiln::train::{LrSchedule, Trainer};
 
-use super::workload::{
-    BATCH, data, median_step_seconds, model_of_width, optimizer, replica_devices,
-};
+use super::workload::{BATCH, data, median_step_seconds, optimizer, replica_devices, resnet_of};
 use crate::measure::Stats;
 
 /// One configuration.
@@ -54,12 +52,25 @@ pub fn train_replicas(
     warmup: usize,
     measured: usize,
 ) -> Result<(Stats, SyncStats), Box<dyn std::error::Error>> {
+    train_resnet_replicas(devices, replicas, 18, width, config, (warmup, measured))
+}
+
+/// [`train_replicas`] for ResNet-`depth`; `steps` is (warm-up, measured).
+pub fn train_resnet_replicas(
+    devices: &[Device],
+    replicas: usize,
+    depth: usize,
+    width: usize,
+    config: DdpConfig,
+    steps: (usize, usize),
+) -> Result<(Stats, SyncStats), Box<dyn std::error::Error>> {
+    let (warmup, measured) = steps;
     let source = Arc::new(data(BATCH * replicas * (warmup + measured)));
     let results = DataParallel::new(replica_devices(devices, replicas))
         .config(config)
         .run(|replica| {
             let device = replica.train_device();
-            let model = replica.broadcast_module(model_of_width(&device, width))?;
+            let model = replica.broadcast_module(resnet_of(&device, depth, width))?;
             let loader = DataLoader::builder(Arc::clone(&source))
                 .batch_size(BATCH)
                 .num_workers(1)

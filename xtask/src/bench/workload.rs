@@ -16,8 +16,17 @@ pub fn model(device: &Device) -> ResNet {
 
 /// ResNet-18 with the CIFAR stem and base width `width`.
 pub fn model_of_width(device: &Device, width: usize) -> ResNet {
+    resnet_of(device, 18, width)
+}
+
+/// ResNet-`depth` (18, 34, 50, 101, 152) with the CIFAR stem and base width `width`.
+///
+/// # Panics
+/// For another depth.
+pub fn resnet_of(device: &Device, depth: usize, width: usize) -> ResNet {
     init_module(device, 42, || {
-        ResNetConfig::resnet18(10)
+        ResNetConfig::from_depth(depth, 10)
+            .expect("a ResNet depth")
             .with_stem(StemKind::Cifar)
             .with_base_width(width)
             .init(device)
