@@ -4,13 +4,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use burn::optim::SgdConfig;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln::core::{DeviceSpec, init_module};
 use kiln::data::DataLoader;
 use kiln::planner::{
     BatchProfile, Fixed, Layout, ModelProfile, Plan, PlanDevice, PlanRequest, ProfileCache,
     ProfileKey, ProfileOptions, TIE_MARGIN, Workload, choose_plan, measure_interconnect,
-    profile_segments,
+    profile_segments, profile_update,
 };
 use kiln::resnet::{ResNet, StemKind};
 
@@ -226,7 +229,28 @@ fn profile_model(
             Ok(profile_segments(&model, images, labels, &options)?)
         })
         .collect::<Result<_, _>>()?;
-    Ok(ModelProfile { key, batches })
+    // The optimizer the run trains with (see `main.rs`), updating once per step.
+    let optimizer = SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
+        .init();
+    let options = ProfileOptions {
+        threads: Some(threads),
+        ..ProfileOptions::default()
+    };
+    let smallest = key.batches[0];
+    let update_seconds_per_byte = profile_update(
+        &model,
+        batch.images.clone().slice(0..smallest),
+        batch.labels.clone().slice(0..smallest),
+        optimizer,
+        &options,
+    )?;
+    Ok(ModelProfile {
+        key,
+        batches,
+        update_seconds_per_byte,
+    })
 }
 
 /// How the planner names a device's kind: every `cpu:N` is the one CPU backend.

@@ -92,7 +92,9 @@ pub fn predict_data_parallel(
             clock += segment.backward * device.slowdown;
             link = link.max(clock) + net.all_reduce(n, segment.trainable_bytes);
         }
-        step = step.max(forward + link.max(clock));
+        let trainable: u64 = segments.iter().map(|s| s.trainable_bytes).sum();
+        let update = trainable as f64 * profile.update_seconds_per_byte * device.slowdown;
+        step = step.max(forward + link.max(clock) + update);
         exposed = exposed.max(link - clock).max(0.0);
         device_bytes.push(
             segments
@@ -240,15 +242,19 @@ pub fn predict_pipeline(
     let costs = Costs::per_virtual_stage(forward, backward).with_transfer(transfer);
     let timeline =
         simulate(&schedule, &costs).map_err(|err| PlanError::Request(err.to_string()))?;
-    // Each stage's copies add their gradients once its last backward is done; the largest
-    // stage's reduction ends the step (kiln's pipeline does not overlap it yet).
+    // Each stage's copies add their gradients once its last backward is done, then update
+    // their parameters; the largest stage's reduction and update end the step (kiln's
+    // pipeline does not overlap them with other stages' backward yet).
     let mut reduce: f64 = 0.0;
+    let mut update: f64 = 0.0;
     let mut device_bytes = vec![Some(0u64); p];
     for (v, range) in ranges.iter().enumerate() {
         let run = &segments[range.clone()];
         let trainable = run.iter().map(|s| s.trainable_bytes).sum();
         reduce = reduce.max(net.all_reduce(d, trainable));
         let device = device_of(v);
+        update =
+            update.max(trainable as f64 * profile.update_seconds_per_byte * position(device).0);
         let held = run
             .iter()
             .map(|s| {
@@ -273,7 +279,7 @@ pub fn predict_pipeline(
             stage_seconds,
         },
         predicted: Predicted {
-            step_seconds: timeline.step_time() + reduce,
+            step_seconds: timeline.step_time() + reduce + update,
             device_bytes,
             exposed_communication_seconds: reduce,
             bubble_fraction: timeline.bubble_fraction(),

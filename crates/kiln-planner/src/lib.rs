@@ -41,6 +41,7 @@ mod profile_tests;
 mod search;
 #[cfg(test)]
 mod search_tests;
+mod update_profile;
 
 pub use cost::{
     Interconnect, PipelineShape, PlanDevice, Workload, predict_data_parallel, predict_pipeline,
@@ -56,3 +57,4 @@ pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments, segment_name,
 };
 pub use search::{DATA_PARALLEL_MARGIN, Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan};
+pub use update_profile::profile_update;

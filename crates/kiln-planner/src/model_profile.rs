@@ -33,6 +33,10 @@ pub struct ModelProfile {
     pub key: ProfileKey,
     /// One profile per batch size, in increasing batch order, all of the same segments.
     pub batches: Vec<BatchProfile>,
+    /// Seconds per trainable parameter byte of one optimizer update
+    /// ([`profile_update`](crate::profile_update)); 0 when not measured.
+    #[serde(default)]
+    pub update_seconds_per_byte: f64,
 }
 
 /// One segment's predicted cost at a given batch size.

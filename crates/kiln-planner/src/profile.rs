@@ -106,11 +106,7 @@ where
         )));
     }
     if let Some(threads) = options.threads {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kiln-profile-{i}"))
-            .build()
-            .map_err(|err| ProfileError::Input(format!("a pool of {threads} threads: {err}")))?;
+        let pool = pool(threads)?;
         let options = ProfileOptions {
             threads: None,
             ..options.clone()
@@ -151,6 +147,15 @@ where
         })
         .collect();
     Ok(BatchProfile { batch, segments })
+}
+
+/// A compute pool of `threads` threads for profiling.
+pub(crate) fn pool(threads: usize) -> Result<rayon::ThreadPool, ProfileError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("kiln-profile-{i}"))
+        .build()
+        .map_err(|err| ProfileError::Input(format!("a pool of {threads} threads: {err}")))
 }
 
 /// One run's measurements of one segment.

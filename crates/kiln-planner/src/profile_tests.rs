@@ -111,3 +111,26 @@ fn an_empty_batch_or_no_runs_is_an_error() {
     let err = profile_segments(&model, images, labels, &ProfileOptions::default()).unwrap_err();
     assert!(err.to_string().contains("one sample"), "{err}");
 }
+
+#[test]
+fn an_update_costs_a_positive_time_per_byte() {
+    let device = Device::flex().autodiff();
+    let model = model(&device);
+    let images = Tensor::<4>::random([4, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+    let labels = Tensor::<1, Int>::from_ints([0, 1, 2, 3], &device);
+    let optimizer = burn::optim::SgdConfig::new()
+        .with_momentum(Some(burn::optim::momentum::MomentumConfig::new()))
+        .init();
+    let options = ProfileOptions {
+        runs: 3,
+        warmup: 0,
+        threads: Some(1),
+    };
+    let per_byte =
+        crate::profile_update(&model, images.clone(), labels.clone(), optimizer, &options).unwrap();
+    assert!(per_byte.is_finite() && per_byte > 0.0, "{per_byte}");
+    let optimizer = burn::optim::SgdConfig::new().init();
+    let none = ProfileOptions { runs: 0, ..options };
+    let err = crate::profile_update(&model, images, labels, optimizer, &none).unwrap_err();
+    assert!(err.to_string().contains("runs"), "{err}");
+}

@@ -38,6 +38,7 @@ fn profile(segments: usize, params: u64, activations_measured: bool) -> ModelPro
             kiln: "test".into(),
         },
         batches: vec![at(8), at(32)],
+        update_seconds_per_byte: 0.0,
     }
 }
 
@@ -358,4 +359,36 @@ fn a_close_pipeline_does_not_displace_data_parallel_but_a_clear_win_does() {
     // 20 % faster: the pipeline wins.
     let (chosen, _) = crate::search::pick(plans(80.0));
     assert!(chosen.summary().starts_with("pp=2"), "{}", chosen.summary());
+}
+
+#[test]
+fn the_optimizer_update_ends_every_step() {
+    let mut model = profile(8, MB, true);
+    let plan = |model: &ModelProfile, request| {
+        choose_plan(
+            model,
+            &devices(2, None),
+            &CHEAP,
+            &workload(64),
+            &request,
+            Fixed {
+                micro_batches: Some(4),
+                schedule: None,
+            },
+        )
+        .unwrap()
+        .chosen
+        .predicted
+        .step_seconds
+    };
+    let (dp, pp) = (
+        plan(&model, PlanRequest::DataParallel),
+        plan(&model, PlanRequest::Pipeline(2)),
+    );
+    // 1 ns per byte: a replica updates all 8 MB (8 ms), a stage of four segments 4 MB.
+    model.update_seconds_per_byte = 1e-9;
+    let dp_with = plan(&model, PlanRequest::DataParallel);
+    let pp_with = plan(&model, PlanRequest::Pipeline(2));
+    assert!((dp_with - dp - 0.008).abs() < 1e-9, "{dp} -> {dp_with}");
+    assert!((pp_with - pp - 0.004).abs() < 1e-9, "{pp} -> {pp_with}");
 }

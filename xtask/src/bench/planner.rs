@@ -14,6 +14,7 @@ use kiln::pipeline::{Pipeline, PipelineConfig};
 use kiln::planner::{
     BatchProfile, Fixed, Interconnect, Layout, ModelProfile, Plan, PlanDevice, PlanRequest,
     ProfileKey, ProfileOptions, Workload, choose_plan, measure_interconnect, profile_segments,
+    profile_update,
 };
 use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
@@ -70,7 +71,20 @@ fn profile(depth: usize, threads: usize) -> Result<ModelProfile, Box<dyn std::er
             )
         })
         .collect::<Result<Vec<BatchProfile>, _>>()?;
+    let options = ProfileOptions {
+        threads: Some(threads),
+        ..ProfileOptions::default()
+    };
+    let smallest = batches[0];
+    let update_seconds_per_byte = profile_update(
+        &model,
+        images.clone().slice(0..smallest),
+        labels.clone().slice(0..smallest),
+        optimizer(),
+        &options,
+    )?;
     Ok(ModelProfile {
+        update_seconds_per_byte,
         key: ProfileKey {
             model: format!("resnet{depth} width {WIDTH}"),
             device: "cpu".into(),
