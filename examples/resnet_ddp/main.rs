@@ -261,8 +261,25 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             global_images / slowest_secs.max(1e-9)
         );
     }
-    if let (Some(plan), Some(predicted)) = (&plan, predicted_step) {
-        let measured = plan.global_batch as f64 / (global_images / slowest_secs.max(1e-9));
+    if let (Some(plan), Some(predicted)) = (&plan, predicted_step)
+        && let Layout::DataParallel { batches } = &plan.layout
+    {
+        // The median step after the first (which warms up), of the slowest replica: steps
+        // in lockstep, validation and start-up not counted, as the prediction does not.
+        let measured = outcomes
+            .iter()
+            .map(|outcome| {
+                let mut seconds: Vec<f64> = outcome
+                    .report
+                    .steps
+                    .iter()
+                    .skip(1)
+                    .map(|step| batches[outcome.rank] as f64 / step.images_per_sec.max(1e-9))
+                    .collect();
+                seconds.sort_by(f64::total_cmp);
+                seconds.get(seconds.len() / 2).copied().unwrap_or(f64::NAN)
+            })
+            .fold(0.0, f64::max);
         println!(
             "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
             predicted * 1e3,
