@@ -13,8 +13,8 @@
 //! - [`kernels`] — kiln's own CPU kernels (convolution on im2col + GEMM, batch norm on
 //!   NCHW, each with its own backward), used by the ResNet family and usable in any Burn model.
 //! - [`train`] — the trainer, learning-rate schedules and metrics.
-//! - [`planner`] — cost-balanced pipeline stage boundaries under memory limits (the
-//!   planner's search; profiling comes next).
+//! - [`planner`] — profiles a model on the devices and picks data-parallel, pipeline or
+//!   hybrid plans by predicted step time under memory limits.
 //! - [`resnet`] — the ResNet family.
 //!
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
