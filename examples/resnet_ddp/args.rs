@@ -58,6 +58,36 @@ impl AmpArg {
     }
 }
 
+/// How the learning rate follows the global batch.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LrScalingArg {
+    /// --lr as given.
+    None,
+    /// --lr is the rate for a global batch of 256, scaled in proportion (Goyal et al.).
+    Linear,
+}
+
+impl LrScalingArg {
+    /// The peak rate for `global_batch` samples per optimizer step.
+    pub fn lr(self, lr: f64, global_batch: usize) -> f64 {
+        match self {
+            LrScalingArg::None => lr,
+            LrScalingArg::Linear => kiln::train::linear_scaled_lr(lr, global_batch),
+        }
+    }
+
+    /// How the rate was reached, for the run's header.
+    pub fn describe(self, lr: f64, global_batch: usize) -> String {
+        match self {
+            LrScalingArg::None => format!("lr {lr}"),
+            LrScalingArg::Linear => format!(
+                "lr {lr} x {global_batch}/256 = {} (linear scaling)",
+                self.lr(lr, global_batch)
+            ),
+        }
+    }
+}
+
 /// How replicas communicate.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommArg {
@@ -87,6 +117,11 @@ pub struct Args {
     /// Peak learning rate (after warm-up; cosine decay to zero).
     #[arg(long, default_value_t = 0.1)]
     pub lr: f64,
+    /// Scale --lr with the global batch: `linear` takes --lr as the rate for 256 samples per
+    /// step and multiplies it by global batch / 256 (Goyal et al., 2017; the warm-up over the
+    /// first tenth of training stays).
+    #[arg(long, value_enum, default_value_t = LrScalingArg::None)]
+    pub lr_scaling: LrScalingArg,
     /// Seed for initialisation, shuffling and augmentation.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,

@@ -33,7 +33,9 @@ mod planning;
 #[global_allocator]
 static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllocator;
 
-use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
+use args::{
+    AmpArg, Args, CommArg, CompressionArg, GradientPathArg, LrScalingArg, refuse_conflicts,
+};
 
 fn main() -> ExitCode {
     match run(Args::parse()) {
@@ -391,7 +393,18 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     let train_loader = train_loader.build();
     let steps_per_epoch = train_loader.num_batches() / args.accumulation;
     let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
-    let schedule = LrSchedule::constant(args.lr)
+    let step_samples = if args.balance {
+        args.global_batch
+            .unwrap_or(args.batch_size * replica.world_size())
+    } else if let Some(batches) = &setup.planned_batches {
+        batches.iter().sum()
+    } else {
+        args.batch_size * replica.world_size()
+    } * args.accumulation;
+    if primary && args.lr_scaling != LrScalingArg::None {
+        println!("{}", args.lr_scaling.describe(args.lr, step_samples));
+    }
+    let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
         .warmup((total_steps / 10).max(1))
         .cosine(total_steps, 0.0);
     let optimizer = SgdConfig::new()

@@ -84,7 +84,11 @@ pub fn run(
     let steps = args
         .steps
         .unwrap_or(args.epochs * loader.num_batches() / groups);
-    let schedule = LrSchedule::constant(args.lr)
+    let step_samples = groups * batch_size;
+    if args.lr_scaling != crate::args::LrScalingArg::None {
+        println!("{}", args.lr_scaling.describe(args.lr, step_samples));
+    }
+    let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
         .warmup((steps / 10).max(1))
         .cosine(steps, 0.0);
     println!(

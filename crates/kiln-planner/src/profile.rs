@@ -88,7 +88,7 @@ pub enum ProfileError {
 ///
 /// # Errors
 /// [`ProfileError::Input`] for zero runs or an empty batch; [`ProfileError::Device`] when
-/// the device fails.
+/// the device fails or the model panics on it.
 pub fn profile_segments<M>(
     model: &M,
     images: Tensor<4>,
@@ -117,7 +117,16 @@ where
     let ids = model.segments();
     let mut runs = Vec::with_capacity(options.runs);
     for run in 0..options.warmup + options.runs {
-        let measured = run_once(model, &ids, images.clone(), labels.clone(), &device)?;
+        // A model that panics on this device is this device's failure, reported as an error.
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_once(model, &ids, images.clone(), labels.clone(), &device)
+        }));
+        let measured = attempt.unwrap_or_else(|panic| {
+            Err(ProfileError::Device {
+                device: format!("{device:?}"),
+                message: format!("the model panicked: {}", kiln_core::panic_message(&*panic)),
+            })
+        })?;
         if run >= options.warmup {
             runs.push(measured);
         }

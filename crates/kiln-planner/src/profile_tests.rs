@@ -1,8 +1,9 @@
 //! The profiler on a real (tiny) ResNet; this test binary runs with the tracking allocator
 //! (see `memory.rs`), as a binary that profiles on the CPU would.
 
+use burn::module::Module;
 use burn::tensor::{Device, Distribution, Int, Tensor};
-use kiln_core::{Segmented, init_module, param_infos};
+use kiln_core::{ImageClassifier, SegmentId, Segmented, init_module, param_infos};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 
 use crate::{ProfileOptions, profile_segments};
@@ -133,4 +134,64 @@ fn an_update_costs_a_positive_time_per_byte() {
     let none = ProfileOptions { runs: 0, ..options };
     let err = crate::profile_update(&model, images, labels, optimizer, &none).unwrap_err();
     assert!(err.to_string().contains("runs"), "{err}");
+}
+
+/// ResNet whose third block panics, as a model failing on a device would.
+#[derive(Module, Debug)]
+struct Faulty {
+    inner: ResNet,
+}
+
+impl ImageClassifier for Faulty {
+    fn forward_logits(&self, images: Tensor<4>) -> Tensor<2> {
+        kiln_core::forward_segments(self, images)
+    }
+}
+
+impl Segmented for Faulty {
+    type Input = Tensor<4>;
+    type Hidden = Tensor<4>;
+    type Output = Tensor<2>;
+
+    fn num_middle_segments(&self) -> usize {
+        self.inner.num_middle_segments()
+    }
+    fn forward_input(&self, input: Tensor<4>) -> Tensor<4> {
+        self.inner.forward_input(input)
+    }
+    fn forward_middle(&self, index: usize, hidden: Tensor<4>) -> Tensor<4> {
+        assert!(index != 2, "planted failure in block 2");
+        self.inner.forward_middle(index, hidden)
+    }
+    fn forward_output(&self, hidden: Tensor<4>) -> Tensor<2> {
+        self.inner.forward_output(hidden)
+    }
+    fn visit_segment<V: burn::module::ModuleVisitor>(&self, segment: SegmentId, visitor: &mut V) {
+        self.inner.visit_segment(segment, visitor);
+    }
+}
+
+#[test]
+fn a_model_failing_on_the_device_is_an_error_naming_the_device() {
+    let device = Device::flex().autodiff();
+    let model = Faulty {
+        inner: model(&device),
+    };
+    let images = Tensor::<4>::zeros([2, 3, 16, 16], &device);
+    let labels = Tensor::<1, Int>::zeros([2], &device);
+    let err = profile_segments(&model, images, labels, &ProfileOptions::default()).unwrap_err();
+    let crate::ProfileError::Device {
+        device: name,
+        message,
+    } = &err
+    else {
+        panic!("{err}")
+    };
+    assert_eq!(
+        *name,
+        format!("{device:?}"),
+        "the device the profile ran on"
+    );
+    assert!(message.contains("planted failure in block 2"), "{err}");
+    assert!(err.to_string().starts_with("profiling on "), "{err}");
 }

@@ -46,7 +46,7 @@ pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
-pub use schedule::{Decay, LrSchedule};
+pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
 pub use step::{
     GradientStep, LocalStep, StepMetrics, StepOutput, classification_loss, count_correct,
     forward_backward,

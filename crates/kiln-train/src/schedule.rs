@@ -21,6 +21,21 @@ pub enum Decay {
     },
 }
 
+/// The learning rate for a global batch of `global_batch` samples under the linear scaling
+/// rule of Goyal et al. (2017), "Accurate, Large Minibatch SGD": `reference_lr` is the rate
+/// for a batch of 256, scaled in proportion to the batch (pair it with a warm-up, which that
+/// rule relies on for large batches).
+///
+/// ```
+/// use kiln_train::linear_scaled_lr;
+/// assert_eq!(linear_scaled_lr(0.1, 256), 0.1);
+/// assert_eq!(linear_scaled_lr(0.1, 64), 0.025);
+/// assert_eq!(linear_scaled_lr(0.1, 1024), 0.4);
+/// ```
+pub fn linear_scaled_lr(reference_lr: f64, global_batch: usize) -> f64 {
+    reference_lr * global_batch as f64 / 256.0
+}
+
 /// A learning rate as a pure function of the step: linear warm-up, then a [`Decay`].
 ///
 /// Being a function of the step alone, every replica computes the same rate without
