@@ -15,6 +15,7 @@
 //! - [`train`] — the trainer, learning-rate schedules and metrics.
 //! - [`planner`] — profiles a model on the devices and picks data-parallel, pipeline or
 //!   hybrid plans by predicted step time under memory limits.
+//! - [`checkpoint`] — checkpoints written atomically with checksums, and exact resume.
 //! - [`resnet`] — the ResNet family.
 //!
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
@@ -26,6 +27,7 @@ pub struct ReadmeDoctests;
 
 pub use burn;
 pub use kiln_amp as amp;
+pub use kiln_checkpoint as checkpoint;
 pub use kiln_comm as comm;
 pub use kiln_core as core;
 pub use kiln_data as data;

@@ -23,4 +23,7 @@ pub enum TrainError {
     /// Replicas that must hold identical parameters do not.
     #[error("replicas diverged: {0}")]
     Diverged(String),
+    /// Saving or resuming a checkpoint failed.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
 }

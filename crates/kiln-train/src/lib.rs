@@ -38,6 +38,7 @@ mod evaluate;
 mod mean_gradient;
 mod metrics;
 mod progress;
+mod resume;
 mod schedule;
 mod step;
 mod trainer;
@@ -46,6 +47,7 @@ pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
+pub use resume::{CheckpointHook, TrainPosition};
 pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
 pub use step::{
     GradientStep, LocalStep, StepMetrics, StepOutput, classification_loss, count_correct,

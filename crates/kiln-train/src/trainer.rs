@@ -9,7 +9,7 @@ use kiln_data::DataLoader;
 use crate::evaluate::evaluate;
 use crate::metrics::{EpochSummary, StepRecord, TrainReport};
 use crate::progress::epoch_bar;
-use crate::{GradientStep, LocalStep, LrSchedule, TrainError};
+use crate::{CheckpointHook, GradientStep, LocalStep, LrSchedule, TrainError, TrainPosition};
 
 /// How long to train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +35,8 @@ pub struct TrainerBuilder<M, S = LocalStep> {
     step: S,
     train: Option<DataLoader>,
     settings: Settings,
+    checkpoint: Option<Box<dyn CheckpointHook<M>>>,
+    start: TrainPosition,
 }
 
 impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
@@ -44,6 +46,8 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
             optimizer,
             step: LocalStep::new(),
             train: None,
+            checkpoint: None,
+            start: TrainPosition::default(),
             settings: Settings {
                 schedule: LrSchedule::constant(0.01),
                 budget: Budget::Epochs(1),
@@ -65,7 +69,24 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             step,
             train: self.train,
             settings: self.settings,
+            checkpoint: self.checkpoint,
+            start: self.start,
         }
+    }
+
+    /// Saves checkpoints through `hook` after optimizer steps (when it says so).
+    pub fn checkpoint(mut self, hook: impl CheckpointHook<M> + 'static) -> Self {
+        self.checkpoint = Some(Box::new(hook));
+        self
+    }
+
+    /// Starts at `position` instead of the beginning: the model and the optimizer given to
+    /// the builder must hold the state saved there. The loader continues the epoch with the
+    /// batches not yet seen, and the schedule at the step's rate, so the run continues as
+    /// if it had never stopped.
+    pub fn resume_at(mut self, position: TrainPosition) -> Self {
+        self.start = position;
+        self
     }
 
     /// The learning-rate schedule (default: constant 0.01).
@@ -152,12 +173,21 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
         {
             return Err(TrainError::Config("the validation loader must build batches on an inference device (without autodiff)".into()));
         }
+        let per_epoch = train.num_batches() / settings.accumulation;
+        if self.start.step_in_epoch >= per_epoch {
+            return Err(TrainError::Config(format!(
+                "resuming at step {} of epoch {}, which has only {per_epoch} steps (another batch size or data set?)",
+                self.start.step_in_epoch, self.start.epoch
+            )));
+        }
         Ok(Trainer {
             model: self.model,
             optimizer: self.optimizer,
             step: self.step,
             train,
             settings,
+            checkpoint: self.checkpoint,
+            start: self.start,
         })
     }
 }
@@ -169,6 +199,8 @@ pub struct Trainer<M, S = LocalStep> {
     step: S,
     train: DataLoader,
     settings: Settings,
+    checkpoint: Option<Box<dyn CheckpointHook<M>>>,
+    start: TrainPosition,
 }
 
 impl<M: ImageClassifier> Trainer<M, LocalStep> {
@@ -188,15 +220,23 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
         };
         let mut report = TrainReport::default();
         let mut model = self.model;
-        let mut global_step = 0;
-        for epoch in 0..epochs {
-            let steps_this_epoch = per_epoch.min(total_steps - global_step);
+        let mut global_step = self.start.step;
+        for epoch in self.start.epoch..epochs {
+            // A resumed epoch skips the steps done before the checkpoint.
+            let skip = if epoch == self.start.epoch {
+                self.start.step_in_epoch
+            } else {
+                0
+            };
+            let steps_this_epoch = (per_epoch - skip).min(total_steps.saturating_sub(global_step));
             let bar = epoch_bar(self.settings.progress, epoch, steps_this_epoch);
             let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
             let wait_before = self.train.time_waited();
             let first_step = global_step;
             let started = Instant::now();
-            let mut batches = self.train.epoch(epoch as u64);
+            let mut batches = self
+                .train
+                .epoch_from(epoch as u64, skip * self.settings.accumulation);
             for _ in 0..steps_this_epoch {
                 let step_start = Instant::now();
                 let micro = batches
@@ -231,6 +271,25 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 correct += out.correct;
                 samples += out.samples;
                 global_step += 1;
+                if let Some(hook) = &mut self.checkpoint {
+                    let done_in_epoch = skip + (global_step - first_step);
+                    let position = if done_in_epoch == per_epoch {
+                        TrainPosition {
+                            step: global_step,
+                            epoch: epoch + 1,
+                            step_in_epoch: 0,
+                        }
+                    } else {
+                        TrainPosition {
+                            step: global_step,
+                            epoch,
+                            step_in_epoch: done_in_epoch,
+                        }
+                    };
+                    if hook.should_save(&position, global_step == total_steps) {
+                        hook.save(&position, &model, &self.optimizer)?;
+                    }
+                }
                 bar.inc(1);
                 bar.set_message(format!(
                     "loss {:.4} acc {:5.1}% {:.0} img/s lr {lr:.4}",

@@ -90,16 +90,26 @@ impl DataLoader {
 
     /// Iterates over the batches of `epoch` (reshuffled per epoch, as `set_epoch` does).
     pub fn epoch(&mut self, epoch: u64) -> EpochIter<'_> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// Iterates over the batches of `epoch` from batch `first` on: the same batches, with the
+    /// same samples and augmentation, that [`epoch`](Self::epoch) yields from its `first`-th
+    /// on, without loading the ones before (what a resumed run continues with).
+    pub fn epoch_from(&mut self, epoch: u64, first: usize) -> EpochIter<'_> {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let batches = self.batch_indices(epoch);
         let total = batches.len();
+        let first = first.min(total);
+        let batches = batches.into_iter().enumerate().skip(first);
         let mut pending = std::collections::VecDeque::new();
         if self.workers.is_empty() {
-            pending.extend(batches);
+            pending.extend(batches.map(|(_, indices)| indices));
         } else {
             let n = self.workers.len();
             let mut plans: Vec<Vec<(usize, Vec<usize>)>> = vec![Vec::new(); n];
-            for (b, indices) in batches.into_iter().enumerate() {
+            // Batch b still goes to worker b mod n: each worker's order is unchanged.
+            for (b, indices) in batches {
                 plans[b % n].push((b, indices));
             }
             for (worker, batches) in self.workers.iter().zip(plans) {
@@ -117,7 +127,7 @@ impl DataLoader {
             loader: self,
             epoch,
             generation,
-            next: 0,
+            next: first,
             total,
             pending,
         }

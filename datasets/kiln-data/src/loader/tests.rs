@@ -7,6 +7,11 @@ use std::time::{Duration, Instant};
 use crate::{DataError, DataLoader, ImageItem, ImageSource, SyntheticImages, Transform};
 
 fn batches(workers: usize, epoch: u64) -> Vec<(Vec<usize>, Vec<f32>, Vec<i64>)> {
+    batches_from(workers, epoch, 0)
+}
+
+/// The batches of `epoch` from batch `first` on.
+fn batches_from(workers: usize, epoch: u64, first: usize) -> Vec<(Vec<usize>, Vec<f32>, Vec<i64>)> {
     let data = SyntheticImages::new(53, 4, 11, [3, 8, 8]);
     let mut loader = DataLoader::builder(data)
         .batch_size(8)
@@ -16,7 +21,7 @@ fn batches(workers: usize, epoch: u64) -> Vec<(Vec<usize>, Vec<f32>, Vec<i64>)> 
         .transforms(Transform::cifar_augmentation())
         .build();
     loader
-        .epoch(epoch)
+        .epoch_from(epoch, first)
         .map(|b| {
             let b = b.unwrap();
             (
@@ -45,6 +50,20 @@ fn batch_sequence_and_augmentation_are_identical_for_any_worker_count() {
         }
     }
     assert!(batches(2, 0) != batches(2, 1), "epochs are reshuffled");
+}
+
+#[test]
+fn a_resumed_epoch_continues_with_exactly_the_batches_not_yet_seen() {
+    let whole = batches(0, 2);
+    for workers in [0, 1, 3] {
+        for first in [0, 1, 4, 7, 9] {
+            let rest = batches_from(workers, 2, first);
+            assert!(
+                rest == whole[first.min(whole.len())..],
+                "{workers} workers from batch {first}"
+            );
+        }
+    }
 }
 
 #[test]

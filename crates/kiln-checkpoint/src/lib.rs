@@ -1,0 +1,55 @@
+//! Checkpoints for kiln: a run saved every N steps and resumed exactly.
+//!
+//! - [`CheckpointStore`]: a directory of checkpoints, each written into a temporary
+//!   directory, synced file by file with the manifest last, then renamed into place; the
+//!   newest K kept; every file checked against its CRC-32 when read.
+//! - [`Checkpointer`]: the trainer's [`CheckpointHook`](kiln_train::CheckpointHook): the
+//!   model's weights in Burn's burnpack format (loadable in plain Burn), the optimizer's
+//!   state, each parameter's id, and where the run stood.
+//! - [`resume`]: the model, optimizer and position back, after checking the files and that
+//!   the checkpoint is of this run ([`RunIdentity`]: the model and the options that change
+//!   the arithmetic); the trainer continues with the batches not yet seen.
+//!
+//! ```
+//! use burn::nn::{Linear, LinearConfig};
+//! use burn::module::Module;
+//! use burn::optim::SgdConfig;
+//! use burn::tensor::Device;
+//! use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume};
+//! use kiln_train::TrainPosition;
+//!
+//! let dir = std::env::temp_dir().join(format!("kiln-doc-{}", std::process::id()));
+//! let device = Device::flex().autodiff();
+//! let model: Linear = LinearConfig::new(4, 2).init(&device);
+//! let identity = RunIdentity::new("linear 4x2").with("lr", 0.1);
+//! let saver = Checkpointer::new(CheckpointStore::new(&dir, 3), 100, identity.clone());
+//! let position = TrainPosition { step: 7, epoch: 1, step_in_epoch: 2 };
+//! let saved = saver.save_now(&position, &model, &SgdConfig::new().init())?;
+//!
+//! let fresh: Linear = LinearConfig::new(4, 2).init(&device);
+//! let resumed = resume(&saved, &identity, fresh, SgdConfig::new().init())?;
+//! assert_eq!(resumed.position, position);
+//! assert_eq!(
+//!     resumed.model.weight.val().into_data(),
+//!     model.weight.val().into_data()
+//! );
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok::<(), kiln_checkpoint::CheckpointError>(())
+//! ```
+#![warn(missing_docs)]
+
+mod checkpointer;
+mod error;
+mod manifest;
+mod snapshot;
+mod store;
+#[cfg(test)]
+mod tests;
+
+pub use checkpointer::{Checkpointer, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, Resumed, resume};
+pub use error::CheckpointError;
+pub use manifest::{FORMAT, FileEntry, MANIFEST, Manifest, Position, RunIdentity};
+pub use snapshot::{
+    assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
+};
+pub use store::{CheckpointStore, LoadedCheckpoint};

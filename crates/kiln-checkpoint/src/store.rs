@@ -1,0 +1,234 @@
+//! Checkpoint directories: written atomically, kept K at a time, verified when read.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::CheckpointError;
+use crate::manifest::{FileEntry, MANIFEST, Manifest};
+
+/// Where a run's checkpoints live: `dir/step-000000123/` each, complete ones only (those
+/// with a manifest). A save writes into a hidden temporary directory, syncs every file and
+/// the manifest (last) to disk, then renames it into place, so a crash at any moment leaves
+/// the previous checkpoints as they were and never a partial "latest".
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    dir: PathBuf,
+    keep: usize,
+}
+
+/// A checkpoint read back and verified.
+#[derive(Debug)]
+pub struct LoadedCheckpoint {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its files' contents, by name, each matching its manifest entry.
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+impl LoadedCheckpoint {
+    /// The contents of `name`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Corrupt`] if the checkpoint has no such file.
+    pub fn file(&self, name: &str) -> Result<&[u8], CheckpointError> {
+        self.files
+            .get(name)
+            .map(Vec::as_slice)
+            .ok_or_else(|| CheckpointError::Corrupt {
+                path: self.path.join(name),
+                reason: "missing from the checkpoint".into(),
+            })
+    }
+}
+
+impl CheckpointStore {
+    /// Checkpoints in `dir`, keeping the newest `keep` (at least one).
+    pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Self {
+        Self {
+            dir: dir.into(),
+            keep: keep.max(1),
+        }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory a checkpoint at `step` has.
+    pub fn path_for(&self, step: usize) -> PathBuf {
+        self.dir.join(format!("step-{step:09}"))
+    }
+
+    /// Writes `files` and `manifest` (its `files` list is filled here) as the checkpoint of
+    /// `manifest.position.step`, then removes all but the newest `keep`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] naming what could not be written; the checkpoints already
+    /// there stay as they were.
+    pub fn save(
+        &self,
+        mut manifest: Manifest,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<PathBuf, CheckpointError> {
+        fs::create_dir_all(&self.dir).map_err(CheckpointError::io(&self.dir))?;
+        let step = manifest.position.step;
+        let partial = self
+            .dir
+            .join(format!(".step-{step:09}.partial-{}", std::process::id()));
+        if partial.exists() {
+            fs::remove_dir_all(&partial).map_err(CheckpointError::io(&partial))?;
+        }
+        let written = write_all(&partial, &mut manifest, files);
+        if let Err(err) = written {
+            let _ = fs::remove_dir_all(&partial);
+            return Err(err);
+        }
+        let target = self.path_for(step);
+        if target.exists() {
+            // The same step saved again (a run restarted from an earlier checkpoint).
+            fs::remove_dir_all(&target).map_err(CheckpointError::io(&target))?;
+        }
+        fs::rename(&partial, &target).map_err(CheckpointError::io(&target))?;
+        sync_dir(&self.dir)?;
+        self.prune()?;
+        Ok(target)
+    }
+
+    /// Complete checkpoints, oldest first, with their steps.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] if the directory cannot be listed (a missing one is empty).
+    pub fn list(&self) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) => return Err(CheckpointError::io(&self.dir)(err)),
+        };
+        let mut found = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(CheckpointError::io(&self.dir))?;
+            let name = entry.file_name();
+            let Some(step) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("step-"))
+                .and_then(|n| n.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            if entry.path().join(MANIFEST).is_file() {
+                found.push((step, entry.path()));
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// The newest complete checkpoint, if any.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn latest(&self) -> Result<Option<PathBuf>, CheckpointError> {
+        Ok(self.list()?.pop().map(|(_, path)| path))
+    }
+
+    /// Removes all but the newest `keep` complete checkpoints, and temporary directories
+    /// other processes left behind (a crash mid-save).
+    fn prune(&self) -> Result<(), CheckpointError> {
+        let complete = self.list()?;
+        let excess = complete.len().saturating_sub(self.keep);
+        for (_, path) in &complete[..excess] {
+            fs::remove_dir_all(path).map_err(CheckpointError::io(path))?;
+        }
+        let mine = format!(".partial-{}", std::process::id());
+        for entry in fs::read_dir(&self.dir).map_err(CheckpointError::io(&self.dir))? {
+            let entry = entry.map_err(CheckpointError::io(&self.dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".step-") && name.contains(".partial-") && !name.ends_with(&mine) {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the checkpoint in `path` and verifies every file against its manifest.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Missing`] if `path` holds no complete checkpoint;
+    /// [`CheckpointError::Corrupt`] naming a file that is missing, truncated or changed.
+    pub fn load(path: &Path) -> Result<LoadedCheckpoint, CheckpointError> {
+        let manifest = Manifest::read(path)?;
+        let mut files = BTreeMap::new();
+        for entry in &manifest.files {
+            let file = path.join(&entry.name);
+            let bytes = fs::read(&file).map_err(|err| CheckpointError::Corrupt {
+                path: file.clone(),
+                reason: format!("listed in the manifest but unreadable: {err}"),
+            })?;
+            if bytes.len() as u64 != entry.bytes {
+                return Err(CheckpointError::Corrupt {
+                    path: file,
+                    reason: format!(
+                        "{} bytes, the manifest says {} (truncated or replaced)",
+                        bytes.len(),
+                        entry.bytes
+                    ),
+                });
+            }
+            let crc = crc32fast::hash(&bytes);
+            if crc != entry.crc32 {
+                return Err(CheckpointError::Corrupt {
+                    path: file,
+                    reason: format!(
+                        "checksum {crc:08x}, the manifest says {:08x} (corrupted)",
+                        entry.crc32
+                    ),
+                });
+            }
+            files.insert(entry.name.clone(), bytes);
+        }
+        Ok(LoadedCheckpoint {
+            path: path.to_path_buf(),
+            manifest,
+            files,
+        })
+    }
+}
+
+/// Writes every file, then the manifest, each synced, then syncs the directory.
+fn write_all(
+    dir: &Path,
+    manifest: &mut Manifest,
+    files: Vec<(String, Vec<u8>)>,
+) -> Result<(), CheckpointError> {
+    fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
+    manifest.files.clear();
+    for (name, bytes) in files {
+        write_synced(&dir.join(&name), &bytes)?;
+        manifest.files.push(FileEntry {
+            name,
+            bytes: bytes.len() as u64,
+            crc32: crc32fast::hash(&bytes),
+        });
+    }
+    let text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
+    write_synced(&dir.join(MANIFEST), &text)?;
+    sync_dir(dir)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut file = File::create(path).map_err(CheckpointError::io(path))?;
+    file.write_all(bytes).map_err(CheckpointError::io(path))?;
+    file.sync_all().map_err(CheckpointError::io(path))
+}
+
+/// Makes a directory's entries (new files, renames) durable.
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(CheckpointError::io(dir))
+}

@@ -1,0 +1,38 @@
+//! Where a run stands, and the hook that saves it: what checkpointing needs of the trainer.
+
+use burn::optim::ModuleOptimizer;
+
+use crate::TrainError;
+
+/// Where a run stands between optimizer steps: a resumed run starts here and continues
+/// exactly (the learning rate is a function of `step`, the loader's batches of the epoch
+/// and the batch index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TrainPosition {
+    /// Optimizer steps done.
+    pub step: usize,
+    /// The epoch the next step belongs to.
+    pub epoch: usize,
+    /// Optimizer steps of that epoch already done.
+    pub step_in_epoch: usize,
+}
+
+/// Saves the run now and then; the trainer calls it after optimizer steps (see
+/// [`TrainerBuilder::checkpoint`](crate::TrainerBuilder::checkpoint)).
+pub trait CheckpointHook<M>: Send {
+    /// Whether to save at `position` (after its last step). `finished`: training has just
+    /// done its last step.
+    fn should_save(&self, position: &TrainPosition, finished: bool) -> bool;
+
+    /// Saves the model, the optimizer's state and the position.
+    ///
+    /// # Errors
+    /// [`TrainError::Checkpoint`] when the save fails; training stops with it, the previous
+    /// checkpoint intact.
+    fn save(
+        &mut self,
+        position: &TrainPosition,
+        model: &M,
+        optimizer: &ModuleOptimizer,
+    ) -> Result<(), TrainError>;
+}
