@@ -25,6 +25,7 @@ use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
 
 mod args;
+mod checkpoints;
 mod pipeline;
 mod planning;
 
@@ -56,6 +57,8 @@ struct Setup {
     model: ResNetConfig,
     /// Each replica's batch, when the plan gives uneven shares.
     planned_batches: Option<Vec<usize>>,
+    /// The checkpoint every replica starts from (`--resume`).
+    resume_from: Option<std::path::PathBuf>,
 }
 
 /// What a replica reports back.
@@ -111,6 +114,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         GradientPathArg::Device => GradientPath::Device,
     };
     refuse_conflicts(&args)?;
+    checkpoints::refuse_conflicts(&args)?;
     if args.amp != AmpArg::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
         eprintln!(
             "note: --amp on the CPU backend saves activation memory, not time (bf16 steps run at about f32 speed, f16 steps about 1.8x slower: Flex's f16 element-wise kernels)"
@@ -141,6 +145,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         valid_transforms,
         model,
         planned_batches: None,
+        resume_from: checkpoints::resume_from(&args)?,
     };
     if let Some(stages) = args.pipeline {
         let shape = pipeline::PipelineRun::by_hand(&args, stages);
@@ -164,6 +169,13 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 split,
                 ..
             } => {
+                if args.run_dir.is_some() || args.resume.is_some() {
+                    return Err(format!(
+                        "the plan is a pipeline ({}), and checkpoints save data-parallel runs only yet: leave out --run-dir/--resume or pass --plan dp",
+                        plan.summary()
+                    )
+                    .into());
+                }
                 let shape = pipeline::PipelineRun {
                     stages: *stages,
                     data_parallel: *data_parallel,
@@ -411,6 +423,14 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init();
+    let identity = checkpoints::identity(args, step_samples, total_steps, replica.world_size());
+    let (model, optimizer, position) = checkpoints::start(
+        setup.resume_from.as_ref(),
+        &identity,
+        model,
+        optimizer,
+        primary,
+    )?;
     let step = if args.no_overlap {
         replica.non_overlapped_step()
     } else {
@@ -423,8 +443,13 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .schedule(schedule)
         .train_loader(train_loader)
         .accumulation_steps(args.accumulation)
+        .resume_at(position)
         .progress(primary && !args.quiet)
         .log_epochs(primary);
+    if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
+        // Every replica takes part in a checkpoint; the first writes it.
+        builder = builder.checkpoint(saver.writes(replica.rank() == 0));
+    }
     if primary {
         let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
             .batch_size(256)

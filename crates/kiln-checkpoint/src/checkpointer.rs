@@ -23,13 +23,14 @@ pub const PARAM_IDS_FILE: &str = "param_ids.json";
 
 /// Saves a run's checkpoints into a [`CheckpointStore`] every `every` optimizer steps and
 /// after the last one; give it to [`TrainerBuilder::checkpoint`](kiln_train::TrainerBuilder::checkpoint)
-/// (on one replica: the others hold the same state).
+/// of every replica, writing on one ([`writes`](Self::writes)).
 #[derive(Debug, Clone)]
 pub struct Checkpointer {
     store: CheckpointStore,
     every: usize,
     identity: RunIdentity,
     layout: BTreeMap<String, String>,
+    writes: bool,
 }
 
 impl Checkpointer {
@@ -41,7 +42,15 @@ impl Checkpointer {
             every,
             identity,
             layout: BTreeMap::new(),
+            writes: true,
         }
+    }
+
+    /// Whether this replica writes (default) or only takes part: with several replicas each
+    /// has a checkpointer deciding alike, and one writes (they hold the same state).
+    pub fn writes(mut self, writes: bool) -> Self {
+        self.writes = writes;
+        self
     }
 
     /// Records how the run is laid out (devices, replicas, plan) in the manifest; it may
@@ -95,6 +104,9 @@ impl<M: Module> CheckpointHook<M> for Checkpointer {
         model: &M,
         optimizer: &ModuleOptimizer,
     ) -> Result<(), TrainError> {
+        if !self.writes {
+            return Ok(());
+        }
         self.save_now(position, model, optimizer)
             .map(|_| ())
             .map_err(|err| TrainError::Checkpoint(err.to_string()))

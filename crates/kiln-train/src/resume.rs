@@ -18,7 +18,10 @@ pub struct TrainPosition {
 }
 
 /// Saves the run now and then; the trainer calls it after optimizer steps (see
-/// [`TrainerBuilder::checkpoint`](crate::TrainerBuilder::checkpoint)).
+/// [`TrainerBuilder::checkpoint`](crate::TrainerBuilder::checkpoint)). With several
+/// replicas every one has a hook (they decide alike), since a checkpoint first runs the
+/// gradient step's `before_eval` on every replica (data parallelism averages batch-norm
+/// statistics there); one of them writes.
 pub trait CheckpointHook<M>: Send {
     /// Whether to save at `position` (after its last step). `finished`: training has just
     /// done its last step.

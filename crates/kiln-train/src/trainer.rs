@@ -287,6 +287,9 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                         }
                     };
                     if hook.should_save(&position, global_step == total_steps) {
+                        // Every replica takes part: what they hold apart (batch-norm
+                        // statistics) is made one, as before an evaluation.
+                        model = self.step.before_eval(model)?;
                         hook.save(&position, &model, &self.optimizer)?;
                     }
                 }

@@ -1,0 +1,137 @@
+//! `--run-dir`, `--checkpoint-every`, `--resume`: the data-parallel run saved and resumed.
+
+use std::path::PathBuf;
+
+use burn::optim::ModuleOptimizer;
+use kiln::checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume};
+use kiln::resnet::ResNet;
+use kiln::train::{TrainError, TrainPosition};
+
+use crate::args::{AmpArg, Args};
+
+/// Refuses checkpoint options this run cannot honour, and checkpoint options without
+/// --run-dir.
+pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
+    let asked = args.run_dir.is_some() || args.resume.is_some() || args.checkpoint_every.is_some();
+    if !asked {
+        return Ok(());
+    }
+    if args.checkpoint_every.is_some() && args.run_dir.is_none() {
+        return Err("--checkpoint-every needs --run-dir (where the checkpoints go)".into());
+    }
+    if args.resume.as_deref() == Some("latest") && args.run_dir.is_none() {
+        return Err("--resume latest needs --run-dir (where to look)".into());
+    }
+    // What a checkpoint does not hold yet: the loss scaler, ZeRO shards, local SGD's
+    // diverged replicas, a throughput-measured split, pipeline stages.
+    let unsupported = [
+        (args.amp != AmpArg::F32, "--amp"),
+        (args.zero1, "--zero1"),
+        (args.local_sgd.is_some(), "--local-sgd"),
+        (args.balance, "--balance"),
+        (args.pipeline.is_some(), "--pipeline"),
+    ];
+    let named: Vec<&str> = unsupported
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect();
+    if !named.is_empty() {
+        return Err(format!(
+            "checkpoints (--run-dir, --resume) do not support {} yet: they save f32 data-parallel runs",
+            named.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// What identifies this run: the model and every option that changes the arithmetic.
+pub fn identity(args: &Args, step_samples: usize, steps: usize, replicas: usize) -> RunIdentity {
+    RunIdentity::new(format!(
+        "resnet{} width {} cifar-stem 10 classes",
+        args.model, args.width
+    ))
+    .with("lr", args.lr)
+    .with("lr scaling", format!("{:?}", args.lr_scaling))
+    .with("samples per step", step_samples)
+    .with("accumulation", args.accumulation)
+    .with("total steps", steps)
+    .with("seed", args.seed)
+    .with(
+        "data",
+        args.data.as_ref().map_or_else(
+            || format!("synthetic {}", args.synthetic_samples),
+            |dir| dir.display().to_string(),
+        ),
+    )
+    .with("optimizer", "sgd momentum 0.9 weight decay 5e-4")
+    .with("compression", format!("{:?}", args.compression))
+    .with("sync bn", args.sync_bn)
+    .with("clip grad norm", format!("{:?}", args.clip_grad_norm))
+    // Each replica's share of the data follows the replica count (elastic resume: next).
+    .with("replicas", replicas)
+}
+
+/// The checkpoint to resume from, if any (`--resume latest` without one: none, said).
+pub fn resume_from(args: &Args) -> Result<Option<PathBuf>, String> {
+    match args.resume.as_deref() {
+        None => Ok(None),
+        Some("latest") => {
+            let dir = args
+                .run_dir
+                .as_ref()
+                .expect("checked: --resume latest has --run-dir");
+            let latest = store(args)
+                .expect("a run directory")
+                .latest()
+                .map_err(|err| err.to_string())?;
+            if latest.is_none() {
+                println!(
+                    "resume: no checkpoint in {} yet, starting fresh",
+                    dir.join("checkpoints").display()
+                );
+            }
+            Ok(latest)
+        }
+        Some(path) => Ok(Some(PathBuf::from(path))),
+    }
+}
+
+fn store(args: &Args) -> Option<CheckpointStore> {
+    args.run_dir
+        .as_ref()
+        .map(|dir| CheckpointStore::new(dir.join("checkpoints"), args.keep))
+}
+
+/// A replica's checkpointer, if the run has a directory.
+pub fn saver(args: &Args, identity: &RunIdentity, devices: &str) -> Option<Checkpointer> {
+    store(args).map(|store| {
+        Checkpointer::new(store, args.checkpoint_every.unwrap_or(0), identity.clone())
+            .layout("devices", devices)
+    })
+}
+
+/// The model, optimizer and position to start from: the checkpoint's, or as given.
+pub fn start(
+    from: Option<&PathBuf>,
+    identity: &RunIdentity,
+    model: ResNet,
+    optimizer: ModuleOptimizer,
+    primary: bool,
+) -> Result<(ResNet, ModuleOptimizer, TrainPosition), TrainError> {
+    let Some(path) = from else {
+        return Ok((model, optimizer, TrainPosition::default()));
+    };
+    let resumed = resume(path, identity, model, optimizer)
+        .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
+    if primary {
+        println!(
+            "resume: {} (step {}, epoch {}, step {} of it)",
+            resumed.path.display(),
+            resumed.position.step,
+            resumed.position.epoch,
+            resumed.position.step_in_epoch
+        );
+    }
+    Ok((resumed.model, resumed.optimizer, resumed.position))
+}
