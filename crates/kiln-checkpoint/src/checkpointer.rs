@@ -10,7 +10,7 @@ use kiln_train::{CheckpointHook, TrainError, TrainPosition};
 use crate::CheckpointError;
 use crate::manifest::{FORMAT, Manifest, RunIdentity};
 use crate::snapshot::{
-    assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
+    assign_param_ids, model_bytes, param_ids, record_bytes, restore_model, restore_optimizer,
 };
 use crate::store::CheckpointStore;
 
@@ -24,13 +24,20 @@ pub const PARAM_IDS_FILE: &str = "param_ids.json";
 /// Saves a run's checkpoints into a [`CheckpointStore`] every `every` optimizer steps and
 /// after the last one; give it to [`TrainerBuilder::checkpoint`](kiln_train::TrainerBuilder::checkpoint)
 /// of every replica, writing on one ([`writes`](Self::writes)).
-#[derive(Debug, Clone)]
+///
+/// As the trainer's hook it takes hold of the state on the training thread (the model's
+/// tensors, which Burn never changes in place while held, and the optimizer's record) and
+/// encodes and writes it on a thread of its own, so training goes on during the write; a
+/// save waits for the previous write, and training ends only when the last write is on
+/// disk (an error of a background write stops training at the next save or at the end).
+#[derive(Debug)]
 pub struct Checkpointer {
     store: CheckpointStore,
     every: usize,
     identity: RunIdentity,
     layout: BTreeMap<String, String>,
     writes: bool,
+    writing: Option<std::thread::JoinHandle<Result<PathBuf, CheckpointError>>>,
 }
 
 impl Checkpointer {
@@ -43,6 +50,7 @@ impl Checkpointer {
             identity,
             layout: BTreeMap::new(),
             writes: true,
+            writing: None,
         }
     }
 
@@ -75,25 +83,83 @@ impl Checkpointer {
         model: &M,
         optimizer: &ModuleOptimizer,
     ) -> Result<PathBuf, CheckpointError> {
-        let ids = serde_json::to_vec_pretty(&param_ids(model)).expect("ids serialise");
-        let files = vec![
-            (MODEL_FILE.to_string(), model_bytes(model)),
-            (OPTIMIZER_FILE.to_string(), optimizer_bytes(optimizer)?),
-            (PARAM_IDS_FILE.to_string(), ids),
-        ];
-        let manifest = Manifest {
+        let (manifest, files) = self.snapshot(position, model, optimizer)?;
+        self.store.save(manifest, files)
+    }
+
+    /// The manifest and files of a checkpoint at `position`, in memory.
+    fn snapshot<M: Module>(
+        &self,
+        position: &TrainPosition,
+        model: &M,
+        optimizer: &ModuleOptimizer,
+    ) -> Result<(Manifest, Vec<(String, Vec<u8>)>), CheckpointError> {
+        let held = Held {
+            model: model.valid(),
+            optimizer: optimizer.to_record(),
+            manifest: self.manifest(position),
+        };
+        held.encode()
+    }
+
+    fn manifest(&self, position: &TrainPosition) -> Manifest {
+        Manifest {
             format: FORMAT,
             kiln: env!("CARGO_PKG_VERSION").into(),
             run: self.identity.clone(),
             layout: self.layout.clone(),
             position: (*position).into(),
             files: Vec::new(),
-        };
-        self.store.save(manifest, files)
+        }
+    }
+
+    /// Waits for the background write, if one is under way.
+    ///
+    /// # Errors
+    /// That write's error.
+    pub fn wait(&mut self) -> Result<Option<PathBuf>, CheckpointError> {
+        match self.writing.take() {
+            None => Ok(None),
+            Some(handle) => match handle.join() {
+                Ok(result) => result.map(Some),
+                Err(_) => Err(CheckpointError::Corrupt {
+                    path: self.store.dir().to_path_buf(),
+                    reason: "the checkpoint writer panicked".into(),
+                }),
+            },
+        }
     }
 }
 
-impl<M: Module> CheckpointHook<M> for Checkpointer {
+/// A checkpoint's state held in memory: the model's values (Burn tensors are immutable, so
+/// holding them costs no copy while training goes on) and the optimizer's record.
+struct Held<M> {
+    model: M,
+    optimizer: burn::optim::OptimizerRecord,
+    manifest: Manifest,
+}
+
+impl<M: Module> Held<M> {
+    /// The files of the checkpoint.
+    fn encode(self) -> Result<(Manifest, Vec<(String, Vec<u8>)>), CheckpointError> {
+        let ids = serde_json::to_vec_pretty(&param_ids(&self.model)).expect("ids serialise");
+        let files = vec![
+            (MODEL_FILE.to_string(), model_bytes(&self.model)),
+            (OPTIMIZER_FILE.to_string(), record_bytes(self.optimizer)?),
+            (PARAM_IDS_FILE.to_string(), ids),
+        ];
+        Ok((self.manifest, files))
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        // A checkpoint being written is finished before the run lets go of it.
+        let _ = self.wait();
+    }
+}
+
+impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
     fn should_save(&self, position: &TrainPosition, finished: bool) -> bool {
         finished || (self.every > 0 && position.step.is_multiple_of(self.every))
     }
@@ -107,7 +173,30 @@ impl<M: Module> CheckpointHook<M> for Checkpointer {
         if !self.writes {
             return Ok(());
         }
-        self.save_now(position, model, optimizer)
+        self.wait()
+            .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
+        // Held on this thread (references to the model's tensors, the optimizer's record);
+        // encoded, checksummed and written on the writer's.
+        let held = Held {
+            model: model.valid(),
+            optimizer: optimizer.to_record(),
+            manifest: self.manifest(position),
+        };
+        let store = self.store.clone();
+        self.writing = Some(
+            std::thread::Builder::new()
+                .name("kiln-checkpoint-writer".into())
+                .spawn(move || {
+                    let (manifest, files) = held.encode()?;
+                    store.save(manifest, files)
+                })
+                .map_err(|err| TrainError::Checkpoint(format!("starting the writer: {err}")))?,
+        );
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), TrainError> {
+        self.wait()
             .map(|_| ())
             .map_err(|err| TrainError::Checkpoint(err.to_string()))
     }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
-use burn::optim::ModuleOptimizer;
+use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::{Bytes, Tensor};
 use burn_store::{BurnpackStore, ModuleSnapshot};
 use kiln_core::param_infos;
@@ -31,10 +31,18 @@ pub fn model_bytes<M: Module>(model: &M) -> Vec<u8> {
         .valid()
         .save_into(&mut store)
         .expect("Burn encodes a module it holds");
-    store
-        .get_bytes()
-        .expect("a store that collected a module holds its bytes")
-        .to_vec()
+    into_vec(
+        store
+            .get_bytes()
+            .expect("a store that collected a module holds its bytes"),
+    )
+}
+
+/// The bytes as a vector: without a copy where the allocation allows it.
+fn into_vec(bytes: Bytes) -> Vec<u8> {
+    bytes
+        .try_into_vec::<u8>()
+        .unwrap_or_else(|bytes| bytes.to_vec())
 }
 
 /// `model` with every parameter and buffer loaded from `bytes` (from [`model_bytes`] of
@@ -134,9 +142,14 @@ pub fn assign_param_ids<M: Module>(
 /// # Errors
 /// [`CheckpointError::Corrupt`] if Burn cannot encode it.
 pub fn optimizer_bytes(optimizer: &ModuleOptimizer) -> Result<Vec<u8>, CheckpointError> {
-    optimizer
+    record_bytes(optimizer.to_record())
+}
+
+/// An optimizer record's bytes.
+pub(crate) fn record_bytes(record: OptimizerRecord) -> Result<Vec<u8>, CheckpointError> {
+    record
         .into_bytes()
-        .map(|bytes| bytes.to_vec())
+        .map(into_vec)
         .map_err(|err| CheckpointError::Corrupt {
             path: "optimizer state".into(),
             reason: err.to_string(),

@@ -38,4 +38,13 @@ pub trait CheckpointHook<M>: Send {
         model: &M,
         optimizer: &ModuleOptimizer,
     ) -> Result<(), TrainError>;
+
+    /// Called when training ends: a hook that saves in the background completes its last
+    /// save here.
+    ///
+    /// # Errors
+    /// [`TrainError::Checkpoint`] if a save failed.
+    fn finish(&mut self) -> Result<(), TrainError> {
+        Ok(())
+    }
 }

@@ -326,6 +326,9 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
             }
             report.epochs.push(summary);
         }
+        if let Some(hook) = &mut self.checkpoint {
+            hook.finish()?;
+        }
         if self.settings.log_epochs {
             let images: usize = report
                 .epochs

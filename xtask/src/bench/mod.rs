@@ -4,6 +4,7 @@
 //! (machines here are noisy), repeats, and reports the median and spread.
 
 mod amp;
+mod checkpoint;
 mod collectives;
 mod ddp;
 mod loader;
@@ -43,7 +44,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 10] = [
+const SUITE: [(&str, Bench); 11] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -54,6 +55,7 @@ const SUITE: [(&str, Bench); 10] = [
     ("peer", peer::run),
     ("pipeline", pipeline::run),
     ("planner", planner::run),
+    ("checkpoint", checkpoint::run),
 ];
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
