@@ -14,6 +14,9 @@ use crate::snapshot::{
 };
 use crate::store::CheckpointStore;
 
+/// A checkpoint's files by name, in memory.
+type Files = Vec<(String, Vec<u8>)>;
+
 /// The model's weights, in Burn's burnpack format (loadable in plain Burn).
 pub const MODEL_FILE: &str = "model.bpk";
 /// The optimizer's state, Burn's optimizer record.
@@ -93,7 +96,7 @@ impl Checkpointer {
         position: &TrainPosition,
         model: &M,
         optimizer: &ModuleOptimizer,
-    ) -> Result<(Manifest, Vec<(String, Vec<u8>)>), CheckpointError> {
+    ) -> Result<(Manifest, Files), CheckpointError> {
         let held = Held {
             model: model.valid(),
             optimizer: optimizer.to_record(),
@@ -141,7 +144,7 @@ struct Held<M> {
 
 impl<M: Module> Held<M> {
     /// The files of the checkpoint.
-    fn encode(self) -> Result<(Manifest, Vec<(String, Vec<u8>)>), CheckpointError> {
+    fn encode(self) -> Result<(Manifest, Files), CheckpointError> {
         let ids = serde_json::to_vec_pretty(&param_ids(&self.model)).expect("ids serialise");
         let files = vec![
             (MODEL_FILE.to_string(), model_bytes(&self.model)),
