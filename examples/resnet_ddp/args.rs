@@ -242,8 +242,10 @@ pub struct Args {
     /// Write the chosen plan as JSON here (load it back with --plan FILE.json).
     #[arg(long)]
     pub save_plan: Option<std::path::PathBuf>,
-    /// The run's directory: checkpoints (`checkpoints/step-N/`, the newest --keep kept) go
-    /// here. Without --checkpoint-every, one checkpoint at the end.
+    /// The run's directory: `metrics.jsonl` (every step and epoch), `curves.svg` (loss,
+    /// accuracy and learning rate, redrawn every epoch), `config.txt`, `plan.json`, and
+    /// checkpoints (`checkpoints/step-N/`, the newest --keep kept; without
+    /// --checkpoint-every, one at the end).
     #[arg(long)]
     pub run_dir: Option<std::path::PathBuf>,
     /// Save a checkpoint every N optimizer steps (and after the last), into --run-dir.

@@ -1,46 +1,55 @@
-//! `--run-dir`, `--checkpoint-every`, `--resume`: the data-parallel run saved and resumed.
+//! `--run-dir`, `--checkpoint-every`, `--resume`: the data-parallel run recorded, saved and
+//! resumed.
 
 use std::path::PathBuf;
 
 use burn::optim::ModuleOptimizer;
 use kiln::checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume};
 use kiln::resnet::ResNet;
-use kiln::train::{TrainError, TrainPosition};
+use kiln::train::{RunLog, TrainError, TrainPosition};
 
 use crate::args::{AmpArg, Args};
+
+/// The options whose state a checkpoint does not hold yet (set ones, by flag): the loss
+/// scaler, ZeRO shards, local SGD's diverged replicas, a throughput-measured split, stages.
+fn unsupported(args: &Args) -> Vec<&'static str> {
+    [
+        (args.amp != AmpArg::F32, "--amp"),
+        (args.zero1, "--zero1"),
+        (args.local_sgd.is_some(), "--local-sgd"),
+        (args.balance, "--balance"),
+        (args.pipeline.is_some(), "--pipeline"),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, name)| name)
+    .collect()
+}
 
 /// Refuses checkpoint options this run cannot honour, and checkpoint options without
 /// --run-dir.
 pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
-    let asked = args.run_dir.is_some() || args.resume.is_some() || args.checkpoint_every.is_some();
-    if !asked {
-        return Ok(());
-    }
     if args.checkpoint_every.is_some() && args.run_dir.is_none() {
         return Err("--checkpoint-every needs --run-dir (where the checkpoints go)".into());
     }
     if args.resume.as_deref() == Some("latest") && args.run_dir.is_none() {
         return Err("--resume latest needs --run-dir (where to look)".into());
     }
-    // What a checkpoint does not hold yet: the loss scaler, ZeRO shards, local SGD's
-    // diverged replicas, a throughput-measured split, pipeline stages.
-    let unsupported = [
-        (args.amp != AmpArg::F32, "--amp"),
-        (args.zero1, "--zero1"),
-        (args.local_sgd.is_some(), "--local-sgd"),
-        (args.balance, "--balance"),
-        (args.pipeline.is_some(), "--pipeline"),
-    ];
-    let named: Vec<&str> = unsupported
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, name)| *name)
-        .collect();
-    if !named.is_empty() {
+    if args.pipeline.is_some() && args.run_dir.is_some() {
+        return Err("--run-dir records data-parallel runs only yet (not --pipeline)".into());
+    }
+    let named = unsupported(args);
+    if (args.checkpoint_every.is_some() || args.resume.is_some()) && !named.is_empty() {
         return Err(format!(
-            "checkpoints (--run-dir, --resume) do not support {} yet: they save f32 data-parallel runs",
+            "checkpoints (--checkpoint-every, --resume) do not support {} yet: they save f32 data-parallel runs",
             named.join(", ")
         ));
+    }
+    if args.run_dir.is_some() && !named.is_empty() {
+        println!(
+            "note: --run-dir records metrics and curves; no checkpoint is saved with {} (not supported yet)",
+            named.join(", ")
+        );
     }
     Ok(())
 }
@@ -103,8 +112,11 @@ fn store(args: &Args) -> Option<CheckpointStore> {
         .map(|dir| CheckpointStore::new(dir.join("checkpoints"), args.keep))
 }
 
-/// A replica's checkpointer, if the run has a directory.
+/// A replica's checkpointer, if the run has a directory and its state can be saved.
 pub fn saver(args: &Args, identity: &RunIdentity, devices: &str) -> Option<Checkpointer> {
+    if !unsupported(args).is_empty() {
+        return None;
+    }
     store(args).map(|store| {
         Checkpointer::new(store, args.checkpoint_every.unwrap_or(0), identity.clone())
             .layout("devices", devices)
@@ -134,4 +146,30 @@ pub fn start(
         );
     }
     Ok((resumed.model, resumed.optimizer, resumed.position))
+}
+
+/// The primary replica's log of metrics and curves in the run directory, continuing from
+/// `position` (a resumed run keeps its earlier lines).
+pub fn run_log(args: &Args, position: &TrainPosition) -> Result<Option<RunLog>, TrainError> {
+    args.run_dir
+        .as_ref()
+        .map(|dir| RunLog::open(dir, position.step))
+        .transpose()
+}
+
+/// Writes the resolved options (and the plan, when there is one) into the run directory.
+pub fn record_config(args: &Args, plan: Option<&kiln::planner::Plan>) -> Result<(), String> {
+    let Some(dir) = &args.run_dir else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+    let config = dir.join("config.txt");
+    std::fs::write(&config, format!("{args:#?}\n"))
+        .map_err(|err| format!("{}: {err}", config.display()))?;
+    if let Some(plan) = plan {
+        let path = dir.join("plan.json");
+        std::fs::write(&path, plan.to_json())
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+    }
+    Ok(())
 }

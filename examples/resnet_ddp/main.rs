@@ -157,6 +157,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         CommArg::Local => Some(planning::choose(&args, &setup, &specs, &devices)?),
         CommArg::Mpi => None,
     };
+    checkpoints::record_config(&args, plan.as_ref())?;
     let mut predicted_step = None;
     if let Some(plan) = &plan {
         predicted_step = Some(plan.predicted.step_seconds);
@@ -449,6 +450,9 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
         // Every replica takes part in a checkpoint; the first writes it.
         builder = builder.checkpoint(saver.writes(replica.rank() == 0));
+    }
+    if primary && let Some(log) = checkpoints::run_log(args, &position)? {
+        builder = builder.observer(log);
     }
     if primary {
         let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))

@@ -26,4 +26,7 @@ pub enum TrainError {
     /// Saving or resuming a checkpoint failed.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The run's log (metrics, curves) could not be written.
+    #[error("run log: {0}")]
+    Log(String),
 }

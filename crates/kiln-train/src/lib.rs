@@ -37,8 +37,12 @@ mod error;
 mod evaluate;
 mod mean_gradient;
 mod metrics;
+pub mod plot;
 mod progress;
 mod resume;
+mod run_log;
+#[cfg(test)]
+mod run_log_tests;
 mod schedule;
 mod step;
 mod trainer;
@@ -48,6 +52,7 @@ pub use evaluate::{Evaluation, evaluate};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
 pub use resume::{CheckpointHook, TrainPosition};
+pub use run_log::{RunLog, TrainObserver};
 pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
 pub use step::{
     GradientStep, LocalStep, StepMetrics, StepOutput, classification_loss, count_correct,

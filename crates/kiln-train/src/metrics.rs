@@ -17,6 +17,8 @@ pub struct StepRecord {
     pub lr: f64,
     /// Images processed per second in this step (this replica).
     pub images_per_sec: f64,
+    /// Time this step waited for its batches.
+    pub data_wait: Duration,
 }
 
 /// One epoch's summary.

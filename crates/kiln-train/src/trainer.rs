@@ -9,7 +9,9 @@ use kiln_data::DataLoader;
 use crate::evaluate::evaluate;
 use crate::metrics::{EpochSummary, StepRecord, TrainReport};
 use crate::progress::epoch_bar;
-use crate::{CheckpointHook, GradientStep, LocalStep, LrSchedule, TrainError, TrainPosition};
+use crate::{
+    CheckpointHook, GradientStep, LocalStep, LrSchedule, TrainError, TrainObserver, TrainPosition,
+};
 
 /// How long to train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +38,7 @@ pub struct TrainerBuilder<M, S = LocalStep> {
     train: Option<DataLoader>,
     settings: Settings,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
+    observer: Option<Box<dyn TrainObserver>>,
     start: TrainPosition,
 }
 
@@ -47,6 +50,7 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
             step: LocalStep::new(),
             train: None,
             checkpoint: None,
+            observer: None,
             start: TrainPosition::default(),
             settings: Settings {
                 schedule: LrSchedule::constant(0.01),
@@ -70,8 +74,16 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             train: self.train,
             settings: self.settings,
             checkpoint: self.checkpoint,
+            observer: self.observer,
             start: self.start,
         }
+    }
+
+    /// Shows `observer` every step and epoch as it is recorded (e.g. a [`RunLog`](crate::RunLog)
+    /// writing a run directory's metrics and curves).
+    pub fn observer(mut self, observer: impl TrainObserver + 'static) -> Self {
+        self.observer = Some(Box::new(observer));
+        self
     }
 
     /// Saves checkpoints through `hook` after optimizer steps (when it says so).
@@ -187,6 +199,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             train,
             settings,
             checkpoint: self.checkpoint,
+            observer: self.observer,
             start: self.start,
         })
     }
@@ -200,6 +213,7 @@ pub struct Trainer<M, S = LocalStep> {
     train: DataLoader,
     settings: Settings,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
+    observer: Option<Box<dyn TrainObserver>>,
     start: TrainPosition,
 }
 
@@ -229,6 +243,10 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 0
             };
             let steps_this_epoch = (per_epoch - skip).min(total_steps.saturating_sub(global_step));
+            if steps_this_epoch == 0 {
+                // Resumed at the end of training: nothing is left to do.
+                break;
+            }
             let bar = epoch_bar(self.settings.progress, epoch, steps_this_epoch);
             let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
             let wait_before = self.train.time_waited();
@@ -239,6 +257,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 .epoch_from(epoch as u64, skip * self.settings.accumulation);
             for _ in 0..steps_this_epoch {
                 let step_start = Instant::now();
+                let waited_before = batches.time_waited();
                 let micro = batches
                     .by_ref()
                     .take(self.settings.accumulation)
@@ -256,6 +275,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 }
                 model = self.optimizer.step(lr, model, out.grads);
                 model = self.step.after_update(model, global_step)?;
+                let data_wait = batches.time_waited() - waited_before;
                 let accuracy = out.correct as f32 / out.samples.max(1) as f32;
                 let images_per_sec =
                     out.samples as f64 / step_start.elapsed().as_secs_f64().max(1e-9);
@@ -266,7 +286,11 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                     accuracy,
                     lr,
                     images_per_sec,
+                    data_wait,
                 });
+                if let Some(observer) = &mut self.observer {
+                    observer.on_step(report.steps.last().expect("just recorded"))?;
+                }
                 loss_sum += f64::from(out.loss);
                 correct += out.correct;
                 samples += out.samples;
@@ -323,6 +347,9 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
             }
             if self.settings.log_epochs {
                 println!("{summary}");
+            }
+            if let Some(observer) = &mut self.observer {
+                observer.on_epoch(&summary)?;
             }
             report.epochs.push(summary);
         }

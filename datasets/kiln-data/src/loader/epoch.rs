@@ -165,6 +165,12 @@ pub struct EpochIter<'a> {
 }
 
 impl EpochIter<'_> {
+    /// Total time the consumer has waited for batches, this epoch and before (the loader's
+    /// [`time_waited`](DataLoader::time_waited), readable while iterating).
+    pub fn time_waited(&self) -> Duration {
+        self.loader.waited
+    }
+
     /// Batches not yet returned.
     pub fn remaining(&self) -> usize {
         self.total - self.next
