@@ -259,6 +259,15 @@ pub struct Args {
     /// that changes the arithmetic must match the checkpoint's.
     #[arg(long)]
     pub resume: Option<String>,
+    /// When a replica fails (an error or a panic), restart the run from the latest checkpoint
+    /// in --run-dir, up to this many times (in-process runs; under MPI, relaunch `mpirun`
+    /// with `--resume latest`).
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: usize,
+    /// Fault injection for testing restarts: `panic-at-step:N` makes the last replica panic
+    /// at optimizer step N, once per process.
+    #[arg(long)]
+    pub inject_fault: Option<crate::faults::Fault>,
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,

@@ -35,6 +35,12 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
     if args.resume.as_deref() == Some("latest") && args.run_dir.is_none() {
         return Err("--resume latest needs --run-dir (where to look)".into());
     }
+    if args.max_restarts > 0 && args.checkpoint_every.is_none() {
+        return Err("--max-restarts needs --run-dir and --checkpoint-every (restarts resume from the latest checkpoint)".into());
+    }
+    if args.max_restarts > 0 && args.comm == crate::args::CommArg::Mpi {
+        return Err("--max-restarts restarts in-process runs; under MPI relaunch mpirun with --resume latest".into());
+    }
     if args.pipeline.is_some() && args.run_dir.is_some() {
         return Err("--run-dir records data-parallel runs only yet (not --pipeline)".into());
     }
@@ -172,4 +178,12 @@ pub fn record_config(args: &Args, plan: Option<&kiln::planner::Plan>) -> Result<
             .map_err(|err| format!("{}: {err}", path.display()))?;
     }
     Ok(())
+}
+
+/// The checkpoint a restart resumes from: the latest, or the start when there is none yet.
+pub fn restart_from(args: &Args) -> Result<Option<PathBuf>, String> {
+    store(args)
+        .map(|store| store.latest().map_err(|err| err.to_string()))
+        .transpose()
+        .map(Option::flatten)
 }

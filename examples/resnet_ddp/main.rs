@@ -26,6 +26,7 @@ use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
 
 mod args;
 mod checkpoints;
+mod faults;
 mod pipeline;
 mod planning;
 
@@ -205,9 +206,30 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let outcomes: Vec<Outcome> = match args.comm {
         CommArg::Local => {
             announce(&args, &setup, devices.len(), &args.devices);
-            DataParallel::new(devices)
-                .config(config)
-                .run(|replica| train_replica(replica, &args, &setup))?
+            let mut restarts = 0;
+            loop {
+                let run = DataParallel::new(devices.clone())
+                    .config(config.clone())
+                    .run(|replica| train_replica(replica, &args, &setup));
+                match run {
+                    Ok(outcomes) => break outcomes,
+                    Err(err) if restarts < args.max_restarts => {
+                        restarts += 1;
+                        setup.resume_from = checkpoints::restart_from(&args)?;
+                        eprintln!(
+                            "restart {restarts} of {}: {err}; resuming from {}",
+                            args.max_restarts,
+                            setup
+                                .resume_from
+                                .as_ref()
+                                .map_or("the start (no checkpoint yet)".into(), |p| p
+                                    .display()
+                                    .to_string())
+                        );
+                    }
+                    Err(err) => return Err(err.into()),
+                }
+            }
         }
         CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };
@@ -439,6 +461,11 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     };
     let (sync, transport) = (step.stats(), step.transport());
     let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
+    // The last replica carries an injected fault, if asked for.
+    let fault = args
+        .inject_fault
+        .filter(|_| replica.rank() + 1 == replica.world_size());
+    let step = faults::Faulty { inner: step, fault };
     let mut builder = Trainer::builder(model, optimizer)
         .gradient_step(step)
         .schedule(schedule)
