@@ -187,3 +187,21 @@ pub fn restart_from(args: &Args) -> Result<Option<PathBuf>, String> {
         .transpose()
         .map(Option::flatten)
 }
+
+/// With a run directory, SIGTERM (a preempted job) stops training at the next step with a
+/// checkpoint, and the process exits cleanly.
+pub fn stop_on_sigterm(args: &Args) -> Result<Option<kiln::train::StopFlag>, String> {
+    if args.run_dir.is_none() {
+        return Ok(None);
+    }
+    #[cfg(unix)]
+    {
+        kiln::train::StopFlag::on_sigterm()
+            .map(Some)
+            .map_err(|err| format!("installing the SIGTERM handler: {err}"))
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(None)
+    }
+}

@@ -60,6 +60,8 @@ struct Setup {
     planned_batches: Option<Vec<usize>>,
     /// The checkpoint every replica starts from (`--resume`).
     resume_from: Option<std::path::PathBuf>,
+    /// Raised by SIGTERM when the run has a directory: stop at the next step, saved.
+    stop: Option<kiln::train::StopFlag>,
 }
 
 /// What a replica reports back.
@@ -147,6 +149,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model,
         planned_batches: None,
         resume_from: checkpoints::resume_from(&args)?,
+        stop: checkpoints::stop_on_sigterm(&args)?,
     };
     if let Some(stages) = args.pipeline {
         let shape = pipeline::PipelineRun::by_hand(&args, stages);
@@ -296,6 +299,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             "all {} replicas of this process: {:.0} img/s",
             outcomes.len(),
             global_images / slowest_secs.max(1e-9)
+        );
+    }
+    if let Some(stopped) = outcomes.iter().find_map(|o| o.report.stopped_at) {
+        println!(
+            "stopped at step {} by SIGTERM; continue with --resume latest",
+            stopped.step
         );
     }
     if let (Some(plan), Some(predicted)) = (&plan, predicted_step)
@@ -477,6 +486,9 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
         // Every replica takes part in a checkpoint; the first writes it.
         builder = builder.checkpoint(saver.writes(replica.rank() == 0));
+    }
+    if let Some(flag) = &setup.stop {
+        builder = builder.stop_flag(flag.clone());
     }
     if primary && let Some(log) = checkpoints::run_log(args, &position)? {
         builder = builder.observer(log);

@@ -61,26 +61,89 @@ const STEPS: usize = 30;
 /// Trains from `start` (a fresh run when `None`) to step `STEPS`, checkpointing every 5
 /// steps into `dir`; the losses of the steps it ran and the final weights' fingerprint.
 fn train(dir: &Path, start: Option<(ResNet, ModuleOptimizer, TrainPosition)>) -> (Vec<f32>, u64) {
+    train_stopping(dir, start, None).0
+}
+
+/// Raises a stop flag when step `at` (0-based) has been recorded.
+struct StopAt {
+    at: usize,
+    flag: kiln_train::StopFlag,
+}
+
+impl kiln_train::TrainObserver for StopAt {
+    fn on_step(&mut self, step: &kiln_train::StepRecord) -> Result<(), kiln_train::TrainError> {
+        if step.step == self.at {
+            self.flag.request();
+        }
+        Ok(())
+    }
+    fn on_epoch(&mut self, _: &kiln_train::EpochSummary) -> Result<(), kiln_train::TrainError> {
+        Ok(())
+    }
+}
+
+/// [`train`], stopped after step `stop` (0-based) when given; also where it stopped.
+fn train_stopping(
+    dir: &Path,
+    start: Option<(ResNet, ModuleOptimizer, TrainPosition)>,
+    stop: Option<usize>,
+) -> ((Vec<f32>, u64), Option<TrainPosition>) {
     let device = Device::flex().autodiff();
     let (model, optimizer, position) =
         start.unwrap_or_else(|| (model(&device), optimizer(), TrainPosition::default()));
     let saver = Checkpointer::new(CheckpointStore::new(dir, 10), 5, identity());
-    let (model, report) = Trainer::builder(model, optimizer)
+    let mut builder = Trainer::builder(model, optimizer)
         .schedule(LrSchedule::constant(0.05).warmup(3).cosine(STEPS, 0.0))
         .train_loader(loader(&device))
         .max_steps(STEPS)
         .checkpoint(saver)
         .resume_at(position)
         .progress(false)
-        .log_epochs(false)
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap();
+        .log_epochs(false);
+    if let Some(at) = stop {
+        let flag = kiln_train::StopFlag::new();
+        builder = builder
+            .stop_flag(flag.clone())
+            .observer(StopAt { at, flag });
+    }
+    let (model, report) = builder.build().unwrap().fit().unwrap();
     (
-        report.steps.iter().map(|s| s.loss).collect(),
-        fingerprint(&model),
+        (
+            report.steps.iter().map(|s| s.loss).collect(),
+            fingerprint(&model),
+        ),
+        report.stopped_at,
     )
+}
+
+#[test]
+fn a_stop_request_saves_at_the_next_step_and_the_run_resumes_from_there() {
+    let dir = scratch("stop");
+    let (whole, _) = train_stopping(&dir, None, None);
+    let stopped_dir = scratch("stop-early");
+    let ((losses, _), stopped) = train_stopping(&stopped_dir, None, Some(6));
+    let stopped = stopped.expect("the run stopped early");
+    assert_eq!(
+        stopped.step, 7,
+        "after the step during which the stop was asked"
+    );
+    assert_eq!(losses.len(), 7);
+    let store = CheckpointStore::new(&stopped_dir, 10);
+    assert_eq!(
+        store.latest().unwrap(),
+        Some(store.path_for(7)),
+        "saved where it stopped"
+    );
+    let device = Device::flex().autodiff();
+    let resumed = resume(&store.path_for(7), &identity(), model(&device), optimizer()).unwrap();
+    let (rest, weights) = train(
+        &stopped_dir,
+        Some((resumed.model, resumed.optimizer, resumed.position)),
+    );
+    assert_eq!([losses, rest].concat(), whole.0);
+    assert_eq!(weights, whole.1);
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&stopped_dir).ok();
 }
 
 #[test]

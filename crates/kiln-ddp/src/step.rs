@@ -346,6 +346,14 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         Ok(model)
     }
 
+    fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
+        // One value per step, only when the run can be stopped: any replica asked stops all.
+        let votes = self
+            .comm
+            .all_reduce_values(vec![f32::from(u8::from(asked))], ReduceOp::Sum)?;
+        Ok(votes[0] > 0.0)
+    }
+
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         // Batch-norm running statistics differ per replica (each saw its own shard): use their
         // mean, so that every replica evaluates and checkpoints the same model.

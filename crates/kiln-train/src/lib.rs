@@ -45,6 +45,7 @@ mod run_log;
 mod run_log_tests;
 mod schedule;
 mod step;
+mod stop;
 mod trainer;
 
 pub use error::TrainError;
@@ -58,6 +59,7 @@ pub use step::{
     GradientStep, LocalStep, StepMetrics, StepOutput, classification_loss, count_correct,
     forward_backward,
 };
+pub use stop::StopFlag;
 pub use trainer::{Trainer, TrainerBuilder};
 
 #[cfg(test)]

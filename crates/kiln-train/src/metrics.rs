@@ -71,6 +71,8 @@ pub struct TrainReport {
     pub steps: Vec<StepRecord>,
     /// Every epoch, in order.
     pub epochs: Vec<EpochSummary>,
+    /// Where training stopped when a [`StopFlag`](crate::StopFlag) ended it early.
+    pub stopped_at: Option<crate::TrainPosition>,
 }
 
 impl TrainReport {

@@ -82,6 +82,13 @@ pub trait GradientStep<M: ImageClassifier> {
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         Ok(model)
     }
+
+    /// Whether training stops after this step, given whether this replica was asked to
+    /// (a [`StopFlag`](crate::StopFlag)): replicas that must stay in step agree here (any
+    /// one asked stops all), so they stop at the same step.
+    fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
+        Ok(asked)
+    }
 }
 
 /// Forward and backward on one device, in f32 or mixed precision, optionally clipping the

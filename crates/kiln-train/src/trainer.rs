@@ -10,7 +10,8 @@ use crate::evaluate::evaluate;
 use crate::metrics::{EpochSummary, StepRecord, TrainReport};
 use crate::progress::epoch_bar;
 use crate::{
-    CheckpointHook, GradientStep, LocalStep, LrSchedule, TrainError, TrainObserver, TrainPosition,
+    CheckpointHook, GradientStep, LocalStep, LrSchedule, StopFlag, TrainError, TrainObserver,
+    TrainPosition,
 };
 
 /// How long to train.
@@ -39,6 +40,7 @@ pub struct TrainerBuilder<M, S = LocalStep> {
     settings: Settings,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
     observer: Option<Box<dyn TrainObserver>>,
+    stop: Option<StopFlag>,
     start: TrainPosition,
 }
 
@@ -51,6 +53,7 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
             train: None,
             checkpoint: None,
             observer: None,
+            stop: None,
             start: TrainPosition::default(),
             settings: Settings {
                 schedule: LrSchedule::constant(0.01),
@@ -75,8 +78,18 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             settings: self.settings,
             checkpoint: self.checkpoint,
             observer: self.observer,
+            stop: self.stop,
             start: self.start,
         }
+    }
+
+    /// Stops training after the step during which `flag` is raised (every replica at the
+    /// same step: they agree through the gradient step), saving a checkpoint there when a
+    /// [`checkpoint`](Self::checkpoint) hook is set. The report says so
+    /// ([`TrainReport::stopped_at`](crate::TrainReport::stopped_at)).
+    pub fn stop_flag(mut self, flag: StopFlag) -> Self {
+        self.stop = Some(flag);
+        self
     }
 
     /// Shows `observer` every step and epoch as it is recorded (e.g. a [`RunLog`](crate::RunLog)
@@ -200,6 +213,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             settings,
             checkpoint: self.checkpoint,
             observer: self.observer,
+            stop: self.stop,
             start: self.start,
         })
     }
@@ -214,6 +228,7 @@ pub struct Trainer<M, S = LocalStep> {
     settings: Settings,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
     observer: Option<Box<dyn TrainObserver>>,
+    stop: Option<StopFlag>,
     start: TrainPosition,
 }
 
@@ -235,7 +250,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
         let mut report = TrainReport::default();
         let mut model = self.model;
         let mut global_step = self.start.step;
-        for epoch in self.start.epoch..epochs {
+        'epochs: for epoch in self.start.epoch..epochs {
             // A resumed epoch skips the steps done before the checkpoint.
             let skip = if epoch == self.start.epoch {
                 self.start.step_in_epoch
@@ -295,27 +310,36 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 correct += out.correct;
                 samples += out.samples;
                 global_step += 1;
-                if let Some(hook) = &mut self.checkpoint {
-                    let done_in_epoch = skip + (global_step - first_step);
-                    let position = if done_in_epoch == per_epoch {
-                        TrainPosition {
-                            step: global_step,
-                            epoch: epoch + 1,
-                            step_in_epoch: 0,
-                        }
-                    } else {
-                        TrainPosition {
-                            step: global_step,
-                            epoch,
-                            step_in_epoch: done_in_epoch,
-                        }
-                    };
-                    if hook.should_save(&position, global_step == total_steps) {
-                        // Every replica takes part: what they hold apart (batch-norm
-                        // statistics) is made one, as before an evaluation.
-                        model = self.step.before_eval(model)?;
-                        hook.save(&position, &model, &self.optimizer)?;
+                let done_in_epoch = skip + (global_step - first_step);
+                let position = if done_in_epoch == per_epoch {
+                    TrainPosition {
+                        step: global_step,
+                        epoch: epoch + 1,
+                        step_in_epoch: 0,
                     }
+                } else {
+                    TrainPosition {
+                        step: global_step,
+                        epoch,
+                        step_in_epoch: done_in_epoch,
+                    }
+                };
+                let stop = match &self.stop {
+                    Some(flag) => self.step.agree_to_stop(flag.is_requested())?,
+                    None => false,
+                };
+                if let Some(hook) = &mut self.checkpoint
+                    && (stop || hook.should_save(&position, global_step == total_steps))
+                {
+                    // Every replica takes part: what they hold apart (batch-norm
+                    // statistics) is made one, as before an evaluation.
+                    model = self.step.before_eval(model)?;
+                    hook.save(&position, &model, &self.optimizer)?;
+                }
+                if stop {
+                    report.stopped_at = Some(position);
+                    bar.finish_and_clear();
+                    break 'epochs;
                 }
                 bar.inc(1);
                 bar.set_message(format!(
@@ -355,6 +379,17 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
         }
         if let Some(hook) = &mut self.checkpoint {
             hook.finish()?;
+        }
+        if let (Some(position), true) = (report.stopped_at, self.settings.log_epochs) {
+            println!(
+                "stopped at step {} as asked{}",
+                position.step,
+                if self.checkpoint.is_some() {
+                    ", after saving a checkpoint"
+                } else {
+                    ""
+                }
+            );
         }
         if self.settings.log_epochs {
             let images: usize = report
