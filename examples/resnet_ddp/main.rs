@@ -336,6 +336,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The optimizer every run of the example trains with (and the planner profiles):
+/// SGD, momentum 0.9, weight decay 5e-4.
+fn optimizer() -> burn::optim::ModuleOptimizer {
+    SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
+        .init()
+}
+
 fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
     let batch = match &setup.planned_batches {
         Some(batches) if batches.iter().any(|&b| b != batches[0]) => format!("{batches:?}"),
@@ -451,10 +460,7 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
         .warmup((total_steps / 10).max(1))
         .cosine(total_steps, 0.0);
-    let optimizer = SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
-        .init();
+    let optimizer = optimizer();
     let identity = checkpoints::identity(args, step_samples, total_steps, replica.world_size());
     let (model, optimizer, position) = checkpoints::start(
         setup.resume_from.as_ref(),

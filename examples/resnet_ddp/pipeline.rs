@@ -1,9 +1,6 @@
 //! `--pipeline P`: the ResNet cut into P stages (threads on the --devices entries), trained
 //! with a GPipe, 1F1B or interleaved schedule, and a summary per stage.
 
-use burn::optim::SgdConfig;
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln::core::init_module;
 use kiln::data::DataLoader;
@@ -105,12 +102,7 @@ pub fn run(
                 .init(device)
         })
     };
-    let optimizer = || {
-        SgdConfig::new()
-            .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-            .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
-            .init()
-    };
+    let optimizer = crate::optimizer;
     let config = PipelineConfig {
         schedule: kind,
         micro_batches,

@@ -4,9 +4,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::SgdConfig;
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln::core::{DeviceSpec, init_module};
 use kiln::data::DataLoader;
@@ -230,10 +227,7 @@ fn profile_model(
         })
         .collect::<Result<_, _>>()?;
     // The optimizer the run trains with (see `main.rs`), updating once per step.
-    let optimizer = SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
-        .init();
+    let optimizer = crate::optimizer();
     let options = ProfileOptions {
         threads: Some(threads),
         ..ProfileOptions::default()

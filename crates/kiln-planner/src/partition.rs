@@ -245,20 +245,37 @@ fn no_split_fits(segments: &[SegmentCost], devices: &[DeviceCapacity]) -> PlanEr
 }
 
 fn does_not_fit(segments: &[SegmentCost], devices: &[DeviceCapacity]) -> PlanError {
-    let (segment, segment_bytes) = segments
+    let bytes: Vec<u64> = segments
         .iter()
         .map(|s| s.state_bytes + s.activation_bytes)
+        .collect();
+    largest_segment(&bytes, devices.iter().map(|d| d.memory), |i| {
+        format!("segment {i}")
+    })
+}
+
+/// [`PlanError::DoesNotFit`] for the segment with the most of `bytes` (named by `name`)
+/// against the largest of `limits` (`None`: no limit).
+pub(crate) fn largest_segment(
+    bytes: &[u64],
+    limits: impl Iterator<Item = Option<u64>>,
+    name: impl Fn(usize) -> String,
+) -> PlanError {
+    let limits: Vec<Option<u64>> = limits.collect();
+    let (segment, segment_bytes) = bytes
+        .iter()
+        .copied()
         .enumerate()
         .max_by_key(|&(_, bytes)| bytes)
         .unwrap_or((0, 0));
     PlanError::DoesNotFit {
-        devices: devices.len(),
+        devices: limits.len(),
         segment,
-        name: format!("segment {segment}"),
+        name: name(segment),
         segment_bytes,
-        largest_device: devices
+        largest_device: limits
             .iter()
-            .map(|d| d.memory.unwrap_or(u64::MAX))
+            .map(|m| m.unwrap_or(u64::MAX))
             .max()
             .unwrap_or(0),
     }

@@ -285,26 +285,13 @@ fn overflow(plan: &Plan, devices: &[PlanDevice]) -> Option<String> {
 /// micro-batch of the finest plan compared), against the largest device.
 fn does_not_fit(profile: &ModelProfile, devices: &[PlanDevice], workload: &Workload) -> PlanError {
     let micro = (workload.global_batch / (4 * devices.len())).max(1);
-    let (segment, segment_bytes) = profile
+    let bytes: Vec<u64> = profile
         .at(micro)
         .iter()
         .map(|s| crate::cost::state_bytes(s, workload) + s.activation_bytes.unwrap_or(0))
-        .enumerate()
-        .max_by_key(|&(_, bytes)| bytes)
-        .unwrap_or((0, 0));
-    PlanError::DoesNotFit {
-        devices: devices.len(),
-        segment,
-        name: profile
-            .segment_names()
-            .get(segment)
-            .cloned()
-            .unwrap_or_default(),
-        segment_bytes,
-        largest_device: devices
-            .iter()
-            .map(|d| d.memory.unwrap_or(u64::MAX))
-            .max()
-            .unwrap_or(0),
-    }
+        .collect();
+    let names = profile.segment_names();
+    crate::partition::largest_segment(&bytes, devices.iter().map(|d| d.memory), |i| {
+        names.get(i).cloned().unwrap_or_default()
+    })
 }
