@@ -61,7 +61,11 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
 }
 
 /// What identifies this run: the model and every option that changes the arithmetic.
-pub fn identity(args: &Args, step_samples: usize, steps: usize, replicas: usize) -> RunIdentity {
+///
+/// The replica count is not part of it (elastic resume): every step's samples are the same
+/// contiguous run of the epoch's order whatever the count, as long as the shares are even
+/// (`split`); uneven shares cut the order in other places, so they must match.
+pub fn identity(args: &Args, step_samples: usize, steps: usize, split: String) -> RunIdentity {
     RunIdentity::new(format!(
         "resnet{} width {} cifar-stem 10 classes",
         args.model, args.width
@@ -83,8 +87,7 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize, replicas: usize)
     .with("compression", format!("{:?}", args.compression))
     .with("sync bn", args.sync_bn)
     .with("clip grad norm", format!("{:?}", args.clip_grad_norm))
-    // Each replica's share of the data follows the replica count (elastic resume: next).
-    .with("replicas", replicas)
+    .with("split", split)
 }
 
 /// The checkpoint to resume from, if any (`--resume latest` without one: none, said).

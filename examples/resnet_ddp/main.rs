@@ -461,7 +461,11 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .warmup((total_steps / 10).max(1))
         .cosine(total_steps, 0.0);
     let optimizer = optimizer();
-    let identity = checkpoints::identity(args, step_samples, total_steps, replica.world_size());
+    let split = match &setup.planned_batches {
+        Some(batches) if batches.iter().any(|&b| b != batches[0]) => format!("{batches:?}"),
+        _ => "even".to_string(),
+    };
+    let identity = checkpoints::identity(args, step_samples, total_steps, split);
     let (model, optimizer, position) = checkpoints::start(
         setup.resume_from.as_ref(),
         &identity,

@@ -39,6 +39,8 @@
 #![warn(missing_docs)]
 
 mod checkpointer;
+#[cfg(test)]
+mod elastic_tests;
 mod error;
 mod manifest;
 mod snapshot;
