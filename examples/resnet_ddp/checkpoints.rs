@@ -6,15 +6,14 @@ use std::path::PathBuf;
 use burn::optim::ModuleOptimizer;
 use kiln::checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume};
 use kiln::resnet::ResNet;
-use kiln::train::{RunLog, TrainError, TrainPosition};
+use kiln::train::{RunLog, StepState, TrainError, TrainPosition};
 
-use crate::args::{AmpArg, Args};
+use crate::args::Args;
 
-/// The options whose state a checkpoint does not hold yet (set ones, by flag): the loss
-/// scaler, ZeRO shards, local SGD's diverged replicas, a throughput-measured split, stages.
+/// The options whose state a checkpoint does not hold yet (set ones, by flag): ZeRO shards,
+/// local SGD's diverged replicas, a throughput-measured split, stages.
 fn unsupported(args: &Args) -> Vec<&'static str> {
     [
-        (args.amp != AmpArg::F32, "--amp"),
         (args.zero1, "--zero1"),
         (args.local_sgd.is_some(), "--local-sgd"),
         (args.balance, "--balance"),
@@ -47,7 +46,7 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
     let named = unsupported(args);
     if (args.checkpoint_every.is_some() || args.resume.is_some()) && !named.is_empty() {
         return Err(format!(
-            "checkpoints (--checkpoint-every, --resume) do not support {} yet: they save f32 data-parallel runs",
+            "checkpoints (--checkpoint-every, --resume) do not support {} yet: they save data-parallel runs",
             named.join(", ")
         ));
     }
@@ -87,6 +86,7 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize, split: String) -
     .with("compression", format!("{:?}", args.compression))
     .with("sync bn", args.sync_bn)
     .with("clip grad norm", format!("{:?}", args.clip_grad_norm))
+    .with("precision", format!("{:?}", args.amp))
     .with("split", split)
 }
 
@@ -132,6 +132,15 @@ pub fn saver(args: &Args, identity: &RunIdentity, devices: &str) -> Option<Check
     })
 }
 
+/// Where a replica starts: the checkpoint's model, optimizer, position and gradient-step
+/// state (the loss scaler), or a fresh run's.
+pub struct Start {
+    pub model: ResNet,
+    pub optimizer: ModuleOptimizer,
+    pub position: TrainPosition,
+    pub step_state: StepState,
+}
+
 /// The model, optimizer and position to start from: the checkpoint's, or as given.
 pub fn start(
     from: Option<&PathBuf>,
@@ -139,9 +148,14 @@ pub fn start(
     model: ResNet,
     optimizer: ModuleOptimizer,
     primary: bool,
-) -> Result<(ResNet, ModuleOptimizer, TrainPosition), TrainError> {
+) -> Result<Start, TrainError> {
     let Some(path) = from else {
-        return Ok((model, optimizer, TrainPosition::default()));
+        return Ok(Start {
+            model,
+            optimizer,
+            position: TrainPosition::default(),
+            step_state: StepState::Null,
+        });
     };
     let resumed = resume(path, identity, model, optimizer)
         .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
@@ -154,7 +168,12 @@ pub fn start(
             resumed.position.step_in_epoch
         );
     }
-    Ok((resumed.model, resumed.optimizer, resumed.position))
+    Ok(Start {
+        model: resumed.model,
+        optimizer: resumed.optimizer,
+        position: resumed.position,
+        step_state: resumed.step_state,
+    })
 }
 
 /// The primary replica's log of metrics and curves in the run directory, continuing from

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use kiln::core::ImageClassifier;
 use kiln::data::ImageBatch;
-use kiln::train::{GradientStep, StepOutput, TrainError};
+use kiln::train::{GradientStep, StepOutput, StepState, TrainError};
 
 /// A fault to inject once per process: `panic-at-step:N` makes the last replica panic when
 /// it reaches optimizer step N.
@@ -57,5 +57,17 @@ impl<M: ImageClassifier, S: GradientStep<M>> GradientStep<M> for Faulty<S> {
 
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         self.inner.before_eval(model)
+    }
+
+    fn saved_state(&self) -> StepState {
+        self.inner.saved_state()
+    }
+
+    fn restore_state(&mut self, state: &StepState) -> Result<(), TrainError> {
+        self.inner.restore_state(state)
+    }
+
+    fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
+        self.inner.agree_to_stop(asked)
     }
 }

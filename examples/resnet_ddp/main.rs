@@ -466,18 +466,24 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         _ => "even".to_string(),
     };
     let identity = checkpoints::identity(args, step_samples, total_steps, split);
-    let (model, optimizer, position) = checkpoints::start(
+    let checkpoints::Start {
+        model,
+        optimizer,
+        position,
+        step_state,
+    } = checkpoints::start(
         setup.resume_from.as_ref(),
         &identity,
         model,
         optimizer,
         primary,
     )?;
-    let step = if args.no_overlap {
+    let mut step = if args.no_overlap {
         replica.non_overlapped_step()
     } else {
         replica.overlapped_step()
     };
+    kiln::train::GradientStep::<ResNet>::restore_state(&mut step, &step_state)?;
     let (sync, transport) = (step.stats(), step.transport());
     let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
     // The last replica carries an injected fault, if asked for.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
-use kiln_train::{CheckpointHook, TrainError, TrainPosition};
+use kiln_train::{CheckpointHook, StepState, TrainError, TrainPosition};
 
 use crate::CheckpointError;
 use crate::manifest::{FORMAT, Manifest, RunIdentity};
@@ -23,6 +23,8 @@ pub const MODEL_FILE: &str = "model.bpk";
 pub const OPTIMIZER_FILE: &str = "optimizer.bpk";
 /// Each parameter's id by path (the optimizer record is keyed by id).
 pub const PARAM_IDS_FILE: &str = "param_ids.json";
+/// The gradient step's state (the loss scaler), JSON.
+pub const STEP_STATE_FILE: &str = "step_state.json";
 
 /// Saves a run's checkpoints into a [`CheckpointStore`] every `every` optimizer steps and
 /// after the last one; give it to [`TrainerBuilder::checkpoint`](kiln_train::TrainerBuilder::checkpoint)
@@ -86,23 +88,14 @@ impl Checkpointer {
         model: &M,
         optimizer: &ModuleOptimizer,
     ) -> Result<PathBuf, CheckpointError> {
-        let (manifest, files) = self.snapshot(position, model, optimizer)?;
-        self.store.save(manifest, files)
-    }
-
-    /// The manifest and files of a checkpoint at `position`, in memory.
-    fn snapshot<M: Module>(
-        &self,
-        position: &TrainPosition,
-        model: &M,
-        optimizer: &ModuleOptimizer,
-    ) -> Result<(Manifest, Files), CheckpointError> {
         let held = Held {
             model: model.valid(),
             optimizer: optimizer.to_record(),
+            step_state: StepState::Null,
             manifest: self.manifest(position),
         };
-        held.encode()
+        let (manifest, files) = held.encode()?;
+        self.store.save(manifest, files)
     }
 
     fn manifest(&self, position: &TrainPosition) -> Manifest {
@@ -139,6 +132,7 @@ impl Checkpointer {
 struct Held<M> {
     model: M,
     optimizer: burn::optim::OptimizerRecord,
+    step_state: StepState,
     manifest: Manifest,
 }
 
@@ -150,6 +144,10 @@ impl<M: Module> Held<M> {
             (MODEL_FILE.to_string(), model_bytes(&self.model)),
             (OPTIMIZER_FILE.to_string(), record_bytes(self.optimizer)?),
             (PARAM_IDS_FILE.to_string(), ids),
+            (
+                STEP_STATE_FILE.to_string(),
+                serde_json::to_vec_pretty(&self.step_state).expect("JSON serialises"),
+            ),
         ];
         Ok((self.manifest, files))
     }
@@ -172,6 +170,7 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
         position: &TrainPosition,
         model: &M,
         optimizer: &ModuleOptimizer,
+        step_state: &StepState,
     ) -> Result<(), TrainError> {
         if !self.writes {
             return Ok(());
@@ -183,6 +182,7 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
         let held = Held {
             model: model.valid(),
             optimizer: optimizer.to_record(),
+            step_state: step_state.clone(),
             manifest: self.manifest(position),
         };
         let store = self.store.clone();
@@ -214,6 +214,8 @@ pub struct Resumed<M> {
     pub optimizer: ModuleOptimizer,
     /// Where the run stood.
     pub position: TrainPosition,
+    /// The gradient step's state (give it to `GradientStep::restore_state`).
+    pub step_state: StepState,
     /// The checkpoint.
     pub path: PathBuf,
 }
@@ -254,9 +256,18 @@ pub fn resume<M: Module>(
         loaded.file(OPTIMIZER_FILE)?,
         &path.join(OPTIMIZER_FILE),
     )?;
+    // Checkpoints of older builds have no step state: none then.
+    let step_state = match loaded.files.get(STEP_STATE_FILE) {
+        Some(bytes) => serde_json::from_slice(bytes).map_err(|err| CheckpointError::Corrupt {
+            path: path.join(STEP_STATE_FILE),
+            reason: err.to_string(),
+        })?,
+        None => StepState::Null,
+    };
     Ok(Resumed {
         model,
         optimizer,
+        step_state,
         position: loaded.manifest.position.into(),
         path: path.to_path_buf(),
     })

@@ -346,6 +346,14 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         Ok(model)
     }
 
+    fn saved_state(&self) -> kiln_train::StepState {
+        self.rule.saved_state()
+    }
+
+    fn restore_state(&mut self, state: &kiln_train::StepState) -> Result<(), TrainError> {
+        self.rule.restore_state(state)
+    }
+
     fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
         // One value per step, only when the run can be stopped: any replica asked stops all.
         let votes = self

@@ -56,8 +56,8 @@ pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};
 pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
 pub use step::{
-    GradientStep, LocalStep, StepMetrics, StepOutput, classification_loss, count_correct,
-    forward_backward,
+    GradientStep, LocalStep, StepMetrics, StepOutput, StepState, classification_loss,
+    count_correct, forward_backward,
 };
 pub use stop::StopFlag;
 pub use trainer::{Trainer, TrainerBuilder};

@@ -161,6 +161,46 @@ impl MeanGradient {
         &self.precision
     }
 
+    /// What a checkpoint keeps of it: the loss scaler (`null` without one).
+    pub fn saved_state(&self) -> crate::StepState {
+        serde_json::json!({ "scaler": self.precision.scaler() })
+    }
+
+    /// Continues with the state [`saved_state`](Self::saved_state) gave (`null`: none).
+    ///
+    /// # Errors
+    /// [`TrainError::Checkpoint`] for state of another kind, or a scaler where this
+    /// precision has none (or none where it has one).
+    pub fn restore_state(&mut self, state: &crate::StepState) -> Result<(), TrainError> {
+        if state.is_null() {
+            return Ok(());
+        }
+        let scaler: Option<kiln_amp::GradScaler> = state
+            .get("scaler")
+            .map(|s| serde_json::from_value(s.clone()))
+            .transpose()
+            .map_err(|err| TrainError::Checkpoint(format!("the step's state: {err}")))?
+            .flatten();
+        match (scaler, self.precision.scaler().is_some()) {
+            (Some(scaler), true) => {
+                let precision = std::mem::replace(&mut self.precision, MixedPrecision::f32());
+                self.precision = precision.with_scaler(scaler);
+                Ok(())
+            }
+            (None, false) => Ok(()),
+            (saved, _) => Err(TrainError::Checkpoint(format!(
+                "the checkpoint {} a loss scaler, this run's precision ({}) {}",
+                if saved.is_some() { "has" } else { "has no" },
+                self.precision.precision(),
+                if saved.is_some() {
+                    "has none"
+                } else {
+                    "needs one"
+                }
+            ))),
+        }
+    }
+
     /// The clipping norm, if any.
     pub fn max_norm(&self) -> Option<f32> {
         self.max_norm

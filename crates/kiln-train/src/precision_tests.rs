@@ -223,3 +223,30 @@ fn summed_summaries_stay_finite_beyond_f32s_range_of_squares() {
         .expect("summed");
     assert!(summed.non_finite);
 }
+
+#[test]
+fn the_loss_scaler_survives_a_checkpoint_and_a_mismatch_is_refused() {
+    use crate::{MeanGradient, StepState};
+    let scaler = GradScaler::new(GradScalerConfig {
+        init_scale: 1024.0,
+        growth_interval: 3,
+        ..GradScalerConfig::default()
+    });
+    let mut saved = MeanGradient::new(MixedPrecision::new(Precision::F16).with_scaler(scaler));
+    let state = saved.saved_state();
+    assert_eq!(state["scaler"]["scale"], 1024.0);
+    // A fresh f16 step continues with the saved scaler (its scale and growth counter).
+    let mut fresh = MeanGradient::new(MixedPrecision::new(Precision::F16));
+    assert_eq!(fresh.precision().loss_scale(), 65536.0);
+    fresh.restore_state(&state).unwrap();
+    assert_eq!(fresh.saved_state(), state);
+    assert_eq!(fresh.precision().loss_scale(), 1024.0);
+    // Nothing saved: nothing changes; f32 state into f16 and f16 state into f32: refused.
+    saved.restore_state(&StepState::Null).unwrap();
+    let f32_state = MeanGradient::new(MixedPrecision::f32()).saved_state();
+    let err = fresh.restore_state(&f32_state).unwrap_err();
+    assert!(err.to_string().contains("needs one"), "{err}");
+    let mut plain = MeanGradient::new(MixedPrecision::f32());
+    let err = plain.restore_state(&state).unwrap_err();
+    assert!(err.to_string().contains("has none"), "{err}");
+}

@@ -27,7 +27,8 @@ pub trait CheckpointHook<M>: Send {
     /// done its last step.
     fn should_save(&self, position: &TrainPosition, finished: bool) -> bool;
 
-    /// Saves the model, the optimizer's state and the position.
+    /// Saves the model, the optimizer's state, the gradient step's state (the loss scaler)
+    /// and the position.
     ///
     /// # Errors
     /// [`TrainError::Checkpoint`] when the save fails; training stops with it, the previous
@@ -37,6 +38,7 @@ pub trait CheckpointHook<M>: Send {
         position: &TrainPosition,
         model: &M,
         optimizer: &ModuleOptimizer,
+        step_state: &crate::StepState,
     ) -> Result<(), TrainError>;
 
     /// Called when training ends: a hook that saves in the background completes its last

@@ -58,6 +58,9 @@ impl StepMetrics {
     }
 }
 
+/// A gradient step's state for checkpoints (JSON: the loss scaler's, for instance).
+pub type StepState = serde_json::Value;
+
 /// How a training step turns batches into gradients, plus hooks around the update.
 ///
 /// [`LocalStep`] is plain forward and backward on one device. The data-parallel runtime
@@ -81,6 +84,26 @@ pub trait GradientStep<M: ImageClassifier> {
     /// Runs before validation and at the end of every epoch (e.g. batch-norm statistics sync).
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         Ok(model)
+    }
+
+    /// What a checkpoint must keep of the step besides the model and the optimizer (the
+    /// loss scaler), as JSON; `null` when nothing.
+    fn saved_state(&self) -> StepState {
+        StepState::Null
+    }
+
+    /// Continues with state [`saved_state`](Self::saved_state) gave.
+    ///
+    /// # Errors
+    /// [`TrainError::Checkpoint`] when the state does not fit this step.
+    fn restore_state(&mut self, state: &StepState) -> Result<(), TrainError> {
+        if state.is_null() {
+            Ok(())
+        } else {
+            Err(TrainError::Checkpoint(
+                "the checkpoint holds gradient-step state this step does not keep".into(),
+            ))
+        }
     }
 
     /// Whether training stops after this step, given whether this replica was asked to
@@ -191,6 +214,14 @@ pub fn forward_backward<M: ImageClassifier>(
 }
 
 impl<M: ImageClassifier> GradientStep<M> for LocalStep {
+    fn saved_state(&self) -> StepState {
+        self.rule.saved_state()
+    }
+
+    fn restore_state(&mut self, state: &StepState) -> Result<(), TrainError> {
+        self.rule.restore_state(state)
+    }
+
     fn gradients(
         &mut self,
         model: &M,

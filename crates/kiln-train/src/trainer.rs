@@ -334,7 +334,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                     // Every replica takes part: what they hold apart (batch-norm
                     // statistics) is made one, as before an evaluation.
                     model = self.step.before_eval(model)?;
-                    hook.save(&position, &model, &self.optimizer)?;
+                    hook.save(&position, &model, &self.optimizer, &self.step.saved_state())?;
                 }
                 if stop {
                     report.stopped_at = Some(position);
