@@ -61,10 +61,9 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
 
 /// What identifies this run: the model and every option that changes the arithmetic.
 ///
-/// The replica count is not part of it (elastic resume): every step's samples are the same
-/// contiguous run of the epoch's order whatever the count, as long as the shares are even
-/// (`split`); uneven shares cut the order in other places, so they must match.
-pub fn identity(args: &Args, step_samples: usize, steps: usize, split: String) -> RunIdentity {
+/// The replica count and the split are not part of it (elastic resume): every step's
+/// samples are the same contiguous run of the epoch's order whatever the split.
+pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
     RunIdentity::new(format!(
         "resnet{} width {} cifar-stem 10 classes",
         args.model, args.width
@@ -87,7 +86,6 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize, split: String) -
     .with("sync bn", args.sync_bn)
     .with("clip grad norm", format!("{:?}", args.clip_grad_norm))
     .with("precision", format!("{:?}", args.amp))
-    .with("split", split)
 }
 
 /// The checkpoint to resume from, if any (`--resume latest` without one: none, said).

@@ -423,9 +423,9 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
     } else if let Some(batches) = &setup.planned_batches
         && batches.iter().any(|&b| b != batches[0])
     {
-        // Uneven shares: each replica's data share follows its batch share.
-        let weights = batches.iter().map(|&b| b as f64).collect();
-        (batches[replica.rank()], Some(weights))
+        // Uneven shares of each step's samples (a contiguous run of the epoch's order,
+        // whatever the split: a checkpoint resumes on another split with the same steps).
+        (batches[replica.rank()], None)
     } else if let Some(batches) = &setup.planned_batches {
         (batches[0], None)
     } else {
@@ -442,6 +442,10 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .device(device.clone());
     if let Some(weights) = weights {
         train_loader = train_loader.shard_weights(weights);
+    } else if let Some(batches) = &setup.planned_batches
+        && batches.iter().any(|&b| b != batches[0])
+    {
+        train_loader = train_loader.shard_batches(batches.clone());
     }
     let train_loader = train_loader.build();
     let steps_per_epoch = train_loader.num_batches() / args.accumulation;
@@ -461,11 +465,7 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         .warmup((total_steps / 10).max(1))
         .cosine(total_steps, 0.0);
     let optimizer = optimizer();
-    let split = match &setup.planned_batches {
-        Some(batches) if batches.iter().any(|&b| b != batches[0]) => format!("{batches:?}"),
-        _ => "even".to_string(),
-    };
-    let identity = checkpoints::identity(args, step_samples, total_steps, split);
+    let identity = checkpoints::identity(args, step_samples, total_steps);
     let checkpoints::Start {
         model,
         optimizer,

@@ -28,6 +28,7 @@ pub struct DistributedSampler {
     seed: Option<u64>,
     drop_last: bool,
     weights: Option<Vec<f64>>,
+    batches: Option<Vec<usize>>,
 }
 
 impl DistributedSampler {
@@ -47,6 +48,7 @@ impl DistributedSampler {
             seed: None,
             drop_last: false,
             weights: None,
+            batches: None,
         }
     }
 
@@ -76,13 +78,57 @@ impl DistributedSampler {
         self
     }
 
-    /// Samples of every rank per epoch (equal shares only).
+    /// Each rank's batch per step (they sum to the global batch): step `s` of the epoch
+    /// takes the shuffled order's samples `s·G .. (s+1)·G` and rank `r` the part of them
+    /// after the ranks before it. A step's samples are then the same for any split of the
+    /// same global batch (a run resumed on another number of replicas continues with the
+    /// same samples per step); a rank's loader must use `batches[rank]` as its batch size.
+    /// Without `drop_last` the last step wraps around to the epoch's start.
+    ///
+    /// ```
+    /// use kiln_data::DistributedSampler;
+    /// let even = |r| DistributedSampler::new(20, r, 2).shuffle(1).batch_shares(vec![5, 5]);
+    /// let uneven = |r| DistributedSampler::new(20, r, 3).shuffle(1).batch_shares(vec![4, 3, 3]);
+    /// let step = |indices: Vec<usize>, b: usize, s: usize| indices[s * b..(s + 1) * b].to_vec();
+    /// for s in 0..2 {
+    ///     let mut a: Vec<usize> = (0..2).flat_map(|r| step(even(r).indices(0), 5, s)).collect();
+    ///     let mut b: Vec<usize> =
+    ///         (0..3).flat_map(|r| step(uneven(r).indices(0), [4, 3, 3][r], s)).collect();
+    ///     a.sort();
+    ///     b.sort();
+    ///     assert_eq!(a, b, "step {s} takes the same samples");
+    /// }
+    /// ```
+    ///
+    /// # Panics
+    /// If `batches` does not have one positive entry per rank.
+    pub fn batch_shares(mut self, batches: Vec<usize>) -> Self {
+        assert_eq!(batches.len(), self.world_size, "one batch per rank");
+        assert!(batches.iter().all(|&b| b > 0), "batches must be positive");
+        self.batches = Some(batches);
+        self
+    }
+
+    /// Steps of an epoch with batch shares summing to `global`.
+    fn steps(&self, global: usize) -> usize {
+        if self.drop_last {
+            self.len / global
+        } else {
+            self.len.div_ceil(global)
+        }
+    }
+
+    /// Samples of this rank per epoch.
     pub fn num_samples(&self) -> usize {
         self.shares()[self.rank]
     }
 
     /// How many samples each rank reads per epoch.
     pub fn shares(&self) -> Vec<usize> {
+        if let Some(batches) = &self.batches {
+            let steps = self.steps(batches.iter().sum());
+            return batches.iter().map(|b| steps * b).collect();
+        }
         match &self.weights {
             None => {
                 let per_rank = if self.drop_last {
@@ -110,6 +156,15 @@ impl DistributedSampler {
         let order = self.epoch_order(epoch);
         if order.is_empty() {
             return Vec::new();
+        }
+        if let Some(batches) = &self.batches {
+            let global: usize = batches.iter().sum();
+            let before: usize = batches[..self.rank].iter().sum();
+            let mine = batches[self.rank];
+            return (0..self.steps(global))
+                .flat_map(|s| (0..mine).map(move |i| s * global + before + i))
+                .map(|position| order[position % order.len()])
+                .collect();
         }
         match &self.weights {
             None => {

@@ -19,6 +19,7 @@ pub struct DataLoaderBuilder {
     drop_last: bool,
     shard: (usize, usize),
     weights: Option<Vec<f64>>,
+    batches: Option<Vec<usize>>,
     device: Device,
     transforms: Vec<Transform>,
 }
@@ -35,6 +36,7 @@ impl DataLoaderBuilder {
             drop_last: false,
             shard: (0, 1),
             weights: None,
+            batches: None,
             device: Device::flex(),
             transforms: Vec::new(),
         }
@@ -90,6 +92,14 @@ impl DataLoaderBuilder {
         self
     }
 
+    /// Each rank's batch per step, this rank's being this loader's batch size: every step
+    /// then takes a contiguous run of the epoch's order whatever the split (see
+    /// [`DistributedSampler::batch_shares`]).
+    pub fn shard_batches(mut self, batches: Vec<usize>) -> Self {
+        self.batches = Some(batches);
+        self
+    }
+
     /// Where batches are built (default: the Flex CPU device).
     pub fn device(mut self, device: Device) -> Self {
         self.device = device;
@@ -138,8 +148,28 @@ impl DataLoaderBuilder {
         if let Some(seed) = self.seed {
             sampler = sampler.shuffle(seed);
         }
+        let weighted = self.weights.is_some();
         if let Some(weights) = self.weights {
             sampler = sampler.weights(weights);
+        }
+        if let Some(batches) = self.batches {
+            if weighted {
+                return Err(DataError::Config(
+                    "shard_weights and shard_batches both split the data: give one".into(),
+                ));
+            }
+            if batches.len() != world || batches.contains(&0) {
+                return Err(DataError::Config(format!(
+                    "shard_batches needs one positive batch per rank of {world}, got {batches:?}"
+                )));
+            }
+            if batches[rank] != self.batch_size {
+                return Err(DataError::Config(format!(
+                    "rank {rank}'s batch share is {}, its batch size {}: they must be equal",
+                    batches[rank], self.batch_size
+                )));
+            }
+            sampler = sampler.batch_shares(batches);
         }
         let recipe = Arc::new(BatchRecipe {
             source: self.source,
