@@ -6,7 +6,7 @@
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
-//! - [`panic`] — the message of a thread's panic, for the error that reports it.
+//! - [`panic`](mod@panic) — the message of a thread's panic, for the error that reports it.
 //! - [`params`] — small helpers to enumerate a module's parameters.
 //! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
 #![warn(missing_docs)]
