@@ -91,7 +91,19 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
 /// The checkpoint to resume from, if any (`--resume latest` without one: none, said).
 pub fn resume_from(args: &Args) -> Result<Option<PathBuf>, String> {
     match args.resume.as_deref() {
-        None => Ok(None),
+        None => {
+            // A fresh run must not mix its checkpoints with an earlier run's.
+            if let Some(store) = store(args)
+                && let Some(latest) = store.latest().map_err(|err| err.to_string())?
+            {
+                return Err(format!(
+                    "{} already holds checkpoints of a run (latest: {}): continue it with --resume latest, or use another --run-dir",
+                    store.dir().display(),
+                    latest.display()
+                ));
+            }
+            Ok(None)
+        }
         Some("latest") => {
             let dir = args
                 .run_dir
@@ -211,7 +223,8 @@ pub fn restart_from(args: &Args) -> Result<Option<PathBuf>, String> {
 /// With a run directory, SIGTERM (a preempted job) stops training at the next step with a
 /// checkpoint, and the process exits cleanly.
 pub fn stop_on_sigterm(args: &Args) -> Result<Option<kiln::train::StopFlag>, String> {
-    if args.run_dir.is_none() {
+    // Without a checkpoint to save, SIGTERM keeps its default meaning (end the process).
+    if args.run_dir.is_none() || !unsupported(args).is_empty() {
         return Ok(None);
     }
     #[cfg(unix)]

@@ -218,7 +218,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     Ok(outcomes) => break outcomes,
                     Err(err) if restarts < args.max_restarts => {
                         restarts += 1;
-                        setup.resume_from = checkpoints::restart_from(&args)?;
+                        // The latest checkpoint of this run, else where it started.
+                        let started_from = setup.resume_from.take();
+                        setup.resume_from = checkpoints::restart_from(&args)?.or(started_from);
                         eprintln!(
                             "restart {restarts} of {}: {err}; resuming from {}",
                             args.max_restarts,
@@ -478,6 +480,18 @@ fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome
         optimizer,
         primary,
     )?;
+    // Every replica must continue from the same step (under MPI each process reads the run
+    // directory itself: a directory that is not shared would split the run).
+    let step_at = position.step as f32;
+    let range = replica
+        .comm()
+        .all_reduce_values(vec![step_at, -step_at], kiln::comm::ReduceOp::Max)?;
+    if range[0] != -range[1] {
+        return Err(TrainError::Checkpoint(format!(
+            "replicas would resume from different steps ({} to {}): every process must see the same --run-dir (a shared file system)",
+            -range[1], range[0]
+        )));
+    }
     let mut step = if args.no_overlap {
         replica.non_overlapped_step()
     } else {

@@ -89,13 +89,24 @@ impl CheckpointStore {
             return Err(err);
         }
         let target = self.path_for(step);
-        if target.exists() {
-            // The same step saved again (a run restarted from an earlier checkpoint).
-            fs::remove_dir_all(&target).map_err(CheckpointError::io(&target))?;
+        // The same step saved again (a run restarted from an earlier checkpoint): the old one
+        // is moved aside, not deleted, until the new one is in place.
+        let aside = self
+            .dir
+            .join(format!(".step-{step:09}.replaced-{}", std::process::id()));
+        let replacing = target.exists();
+        if replacing {
+            fs::rename(&target, &aside).map_err(CheckpointError::io(&target))?;
         }
         fs::rename(&partial, &target).map_err(CheckpointError::io(&target))?;
         sync_dir(&self.dir)?;
-        self.prune()?;
+        if replacing {
+            let _ = fs::remove_dir_all(&aside);
+        }
+        // The checkpoint is written: failing to remove old ones is no reason to stop.
+        if let Err(err) = self.prune() {
+            eprintln!("warning: checkpoints not pruned: {err}");
+        }
         Ok(target)
     }
 

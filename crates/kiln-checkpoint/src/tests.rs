@@ -120,30 +120,45 @@ fn train_stopping(
 fn a_stop_request_saves_at_the_next_step_and_the_run_resumes_from_there() {
     let dir = scratch("stop");
     let (whole, _) = train_stopping(&dir, None, None);
-    let stopped_dir = scratch("stop-early");
-    let ((losses, _), stopped) = train_stopping(&stopped_dir, None, Some(6));
-    let stopped = stopped.expect("the run stopped early");
-    assert_eq!(
-        stopped.step, 7,
-        "after the step during which the stop was asked"
-    );
-    assert_eq!(losses.len(), 7);
-    let store = CheckpointStore::new(&stopped_dir, 10);
-    assert_eq!(
-        store.latest().unwrap(),
-        Some(store.path_for(7)),
-        "saved where it stopped"
-    );
-    let device = Device::flex().autodiff();
-    let resumed = resume(&store.path_for(7), &identity(), model(&device), optimizer()).unwrap();
-    let (rest, weights) = train(
-        &stopped_dir,
-        Some((resumed.model, resumed.optimizer, resumed.position)),
-    );
-    assert_eq!([losses, rest].concat(), whole.0);
-    assert_eq!(weights, whole.1);
+    // Mid-epoch (after step 7 of 12) and at an epoch's end (after step 12).
+    for asked in [6, 11] {
+        let stopped_dir = scratch(&format!("stop-{asked}"));
+        let ((losses, _), stopped) = train_stopping(&stopped_dir, None, Some(asked));
+        let stopped = stopped.expect("the run stopped early");
+        assert_eq!(
+            stopped.step,
+            asked + 1,
+            "after the step during which it was asked"
+        );
+        assert_eq!(losses.len(), asked + 1);
+        let store = CheckpointStore::new(&stopped_dir, 10);
+        assert_eq!(
+            store.latest().unwrap(),
+            Some(store.path_for(asked + 1)),
+            "saved where it stopped"
+        );
+        let device = Device::flex().autodiff();
+        let resumed = resume(
+            &store.path_for(asked + 1),
+            &identity(),
+            model(&device),
+            optimizer(),
+        )
+        .unwrap();
+        let (rest, weights) = train(
+            &stopped_dir,
+            Some((resumed.model, resumed.optimizer, resumed.position)),
+        );
+        assert_eq!(
+            [losses, rest].concat(),
+            whole.0,
+            "stopped after step {}",
+            asked + 1
+        );
+        assert_eq!(weights, whole.1);
+        std::fs::remove_dir_all(&stopped_dir).ok();
+    }
     std::fs::remove_dir_all(&dir).ok();
-    std::fs::remove_dir_all(&stopped_dir).ok();
 }
 
 #[test]

@@ -78,7 +78,13 @@ pub fn predict_data_parallel(
         )));
     }
     let speeds: Vec<f64> = devices.iter().map(|d| 1.0 / d.slowdown).collect();
-    let batches = kiln_data::proportional_split(workload.global_batch, &speeds);
+    let mut batches = kiln_data::proportional_split(workload.global_batch, &speeds);
+    // A much slower device still gets a sample (the global batch allows it: checked above).
+    while let Some(empty) = batches.iter().position(|&b| b == 0) {
+        let largest = (0..n).max_by_key(|&i| batches[i]).expect("devices");
+        batches[largest] -= 1;
+        batches[empty] += 1;
+    }
     let mut step: f64 = 0.0;
     let mut exposed: f64 = 0.0;
     let mut device_bytes = Vec::with_capacity(n);

@@ -39,7 +39,10 @@ impl TrackingAllocator {
 
 fn record(size: usize) {
     LIVE.fetch_add(size as u64, Ordering::Relaxed);
-    INSTALLED.store(true, Ordering::Relaxed);
+    // Read first: after the first allocation the flag's line stays shared, not written.
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
 }
 
 fn release(size: usize) {

@@ -198,7 +198,68 @@ impl Plan {
                 plan.devices
             )));
         }
+        plan.check().map_err(PlanError::Mismatch)?;
         Ok(plan)
+    }
+
+    /// Whether the layout is one a run can take (a hand-edited file may not be).
+    fn check(&self) -> Result<(), String> {
+        let n = self.devices.len();
+        if self.predicted.device_bytes.len() != n {
+            return Err(format!(
+                "{} predicted memories for {n} devices",
+                self.predicted.device_bytes.len()
+            ));
+        }
+        match &self.layout {
+            Layout::DataParallel { batches } => {
+                if batches.len() != n || batches.contains(&0) {
+                    return Err(format!(
+                        "data-parallel batches {batches:?}: one positive batch per device of {n}"
+                    ));
+                }
+                if batches.iter().sum::<usize>() != self.global_batch {
+                    return Err(format!(
+                        "data-parallel batches {batches:?} do not add up to the global batch {}",
+                        self.global_batch
+                    ));
+                }
+            }
+            Layout::Pipeline {
+                data_parallel,
+                stages,
+                schedule,
+                micro_batches,
+                split,
+                stage_seconds,
+            } => {
+                let kind: kiln_pipeline::schedule::ScheduleKind =
+                    schedule.parse().map_err(|err| format!("schedule: {err}"))?;
+                if *data_parallel == 0 || *stages == 0 || data_parallel * stages != n {
+                    return Err(format!(
+                        "{data_parallel} pipelines of {stages} stages for {n} devices"
+                    ));
+                }
+                if *micro_batches == 0 || !self.global_batch.is_multiple_of(*data_parallel) {
+                    return Err(format!(
+                        "{micro_batches} micro-batches, global batch {} over {data_parallel} pipelines",
+                        self.global_batch
+                    ));
+                }
+                let virtual_stages = stages * kind.chunks();
+                if split.len() != virtual_stages
+                    || split.contains(&0)
+                    || split.iter().sum::<usize>() != self.segment_names.len()
+                    || stage_seconds.len() != virtual_stages
+                {
+                    return Err(format!(
+                        "split {split:?} must give each of {virtual_stages} virtual stages a segment and cover all {} (with a time each)",
+                        self.segment_names.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

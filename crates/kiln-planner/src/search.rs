@@ -177,6 +177,11 @@ pub fn choose_plan(
                     .filter(|&m| m <= batch)
                     .collect(),
             };
+            if counts.is_empty() {
+                last_error = Some(PlanError::Request(format!(
+                    "a batch of {batch} per pipeline cannot be cut into {p} or more micro-batches (one per stage at least)"
+                )));
+            }
             let schedule = fixed.schedule.unwrap_or(ScheduleKind::OneFOneB);
             counts
                 .into_iter()

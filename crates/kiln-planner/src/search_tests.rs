@@ -175,6 +175,22 @@ fn a_slower_device_gets_fewer_samples_and_fewer_segments() {
         unreachable!()
     };
     assert_eq!(batches, &vec![40, 20]);
+    // A device far slower still gets a sample.
+    let mut lopsided = devices.clone();
+    lopsided[1].slowdown = 100.0;
+    let dp = choose_plan(
+        &model,
+        &lopsided,
+        &CHEAP,
+        &workload(4),
+        &PlanRequest::DataParallel,
+        Fixed::default(),
+    )
+    .unwrap();
+    let Layout::DataParallel { batches } = &dp.chosen.layout else {
+        unreachable!()
+    };
+    assert_eq!(batches, &vec![3, 1]);
     let pp = choose_plan(
         &model,
         &devices,
@@ -252,6 +268,20 @@ fn impossible_requests_are_clear_errors() {
     );
     let err = ask(&devices(2, None), PlanRequest::Pipeline(9));
     assert!(matches!(err, PlanError::Request(_)), "{err}");
+    // A batch too small to cut into micro-batches is said so, not blamed on memory.
+    let err = choose_plan(
+        &model,
+        &devices(2, None),
+        &CHEAP,
+        &workload(1),
+        &PlanRequest::Pipeline(2),
+        Fixed::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("cannot be cut into 2 or more"),
+        "{err}"
+    );
     // A limit without measured activations cannot be honoured.
     let err = choose_plan(
         &profile(8, MB, false),
@@ -306,6 +336,14 @@ fn plans_round_trip_through_json_and_refuse_other_runs() {
     let err = Plan::from_json(&json, "fake", &names[..2]).unwrap_err();
     assert!(err.to_string().contains("devices"), "{err}");
     assert!(Plan::from_json("{", "fake", &names).is_err());
+    // A hand-edited layout that no run can take is refused, not a panic later.
+    let mut broken: serde_json::Value = serde_json::from_str(&json).unwrap();
+    broken["layout"]["split"] = serde_json::json!([0, 3]);
+    let err = Plan::from_json(&broken.to_string(), "fake", &names).unwrap_err();
+    assert!(err.to_string().contains("split [0, 3]"), "{err}");
+    broken["layout"]["data_parallel"] = serde_json::json!(0);
+    let err = Plan::from_json(&broken.to_string(), "fake", &names).unwrap_err();
+    assert!(err.to_string().contains("0 pipelines"), "{err}");
     let table = plan.table();
     assert!(
         table.contains("s0..s0") && table.contains("cpu:0,cpu:2"),

@@ -139,7 +139,10 @@ impl RunLog {
 
     fn write(&mut self, line: Value) -> Result<(), TrainError> {
         let path = self.dir.join(METRICS);
-        writeln!(self.out, "{line}").map_err(|err| failed(&path, err))?;
+        // Flushed line by line: a killed run loses no step it logged.
+        writeln!(self.out, "{line}")
+            .and_then(|()| self.out.flush())
+            .map_err(|err| failed(&path, err))?;
         self.remember(&line);
         Ok(())
     }

@@ -34,7 +34,8 @@ impl StopFlag {
     }
 
     /// A flag raised when the process receives SIGTERM (what schedulers send a job they
-    /// preempt). Register it before starting other threads.
+    /// preempt); a second SIGTERM ends the process at once (exit status 143), for a run
+    /// stuck outside the training loop. Register it before starting other threads.
     ///
     /// # Errors
     /// When the handler cannot be installed.
@@ -42,12 +43,15 @@ impl StopFlag {
     pub fn on_sigterm() -> std::io::Result<Self> {
         let flag = Self::new();
         let raised = Arc::clone(&flag.0);
-        // SAFETY: the action only stores into an atomic that the closure owns (an `Arc` kept
-        // alive by the registry, never dropped in the handler): no allocation, lock, panic or
-        // non-async-signal-safe call happens inside the signal handler.
+        // SAFETY: the action only swaps an atomic that the closure owns (an `Arc` kept alive
+        // by the registry, never dropped in the handler) and may call `_exit`, which POSIX
+        // lists as async-signal-safe: no allocation, lock or panic happens in the handler.
         unsafe {
             signal_hook_registry::register(libc::SIGTERM, move || {
-                raised.store(true, Ordering::SeqCst);
+                if raised.swap(true, Ordering::SeqCst) {
+                    // SAFETY: `_exit` is async-signal-safe and ends the process at once.
+                    libc::_exit(143);
+                }
             })?;
         }
         Ok(flag)

@@ -338,8 +338,13 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 }
                 if stop {
                     report.stopped_at = Some(position);
-                    bar.finish_and_clear();
-                    break 'epochs;
+                    if position.step_in_epoch != 0 {
+                        // Mid-epoch: the resumed run finishes the epoch (and validates it).
+                        bar.finish_and_clear();
+                        break 'epochs;
+                    }
+                    // The epoch's last step: validate and log the epoch, then stop.
+                    break;
                 }
                 bar.inc(1);
                 bar.set_message(format!(
@@ -376,6 +381,9 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 observer.on_epoch(&summary)?;
             }
             report.epochs.push(summary);
+            if report.stopped_at.is_some() {
+                break;
+            }
         }
         if let Some(hook) = &mut self.checkpoint {
             hook.finish()?;
