@@ -374,6 +374,11 @@ fn system_op(op: ReduceOp) -> SystemOperation {
 impl Drop for MpiCommunicator {
     fn drop(&mut self) {
         self.jobs.take();
+        // As for `CommWorker`: never wait for a possibly stuck MPI thread while a panic
+        // unwinds; the failure is reported and the job aborted instead.
+        if std::thread::panicking() {
+            return;
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

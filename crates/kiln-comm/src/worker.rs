@@ -200,6 +200,12 @@ impl CommWorker {
 impl Drop for CommWorker {
     fn drop(&mut self) {
         self.jobs.take();
+        // While a replica's panic unwinds, the communication thread may be stuck in a
+        // collective its peers will never finish (MPI cannot cancel one): waiting for it here
+        // would keep the replica from reporting its failure, and the job from being aborted.
+        if std::thread::panicking() {
+            return;
+        }
         if let Some(handle) = self.handle.take() {
             let _ = handle.join();
         }
