@@ -338,6 +338,19 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The model every run of the example trains (and the planner profiles), built seeded on
+/// `device`.
+fn build_model(args: &Args, setup: &Setup, device: &burn::tensor::Device) -> ResNet {
+    init_module(device, args.seed, || {
+        setup
+            .model
+            .clone()
+            .with_stem(StemKind::Cifar)
+            .with_base_width(args.width)
+            .init(device)
+    })
+}
+
 /// The optimizer every run of the example trains with (and the planner profiles):
 /// SGD, momentum 0.9, weight decay 5e-4.
 fn optimizer() -> burn::optim::ModuleOptimizer {
@@ -400,15 +413,7 @@ fn run_mpi(
 fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome, TrainError> {
     let device = replica.train_device();
     let primary = replica.is_primary();
-    let model = init_module(&device, args.seed, || {
-        setup
-            .model
-            .clone()
-            .with_stem(StemKind::Cifar)
-            .with_base_width(args.width)
-            .init(&device)
-    });
-    let model = replica.broadcast_module(model)?;
+    let model = replica.broadcast_module(build_model(args, setup, &device))?;
     let (batch_size, weights) = if args.balance {
         let split = replica.split_batch(
             measure_throughput(&model, setup, args, &device)?,

@@ -2,11 +2,10 @@
 //! with a GPipe, 1F1B or interleaved schedule, and a summary per stage.
 
 use burn::tensor::Device;
-use kiln::core::init_module;
 use kiln::data::DataLoader;
 use kiln::pipeline::schedule::{Costs, Schedule, bubble_formula, simulate};
 use kiln::pipeline::{Pipeline, PipelineConfig};
-use kiln::resnet::{ResNet, StemKind};
+use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
 
 use crate::Setup;
@@ -92,16 +91,7 @@ pub fn run(
         "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each) on {} | {steps} steps",
         args.model, args.width, micro_batches, batch_size, args.devices
     );
-    let build = |device: &Device| -> ResNet {
-        init_module(device, args.seed, || {
-            setup
-                .model
-                .clone()
-                .with_stem(StemKind::Cifar)
-                .with_base_width(args.width)
-                .init(device)
-        })
-    };
+    let build = |device: &Device| -> ResNet { crate::build_model(args, setup, device) };
     let optimizer = crate::optimizer;
     let config = PipelineConfig {
         schedule: kind,

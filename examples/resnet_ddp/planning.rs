@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use kiln::core::{DeviceSpec, init_module};
+use kiln::core::DeviceSpec;
 use kiln::data::DataLoader;
 use kiln::planner::{
     BatchProfile, Fixed, Layout, ModelProfile, Plan, PlanDevice, PlanRequest, ProfileCache,
     ProfileKey, ProfileOptions, TIE_MARGIN, Workload, choose_plan, measure_interconnect,
     profile_segments, profile_update,
 };
-use kiln::resnet::{ResNet, StemKind};
+use kiln::resnet::ResNet;
 
 use crate::Setup;
 use crate::args::{Args, data_parallel_only};
@@ -190,14 +190,7 @@ fn profile_model(
     threads: usize,
 ) -> Result<ModelProfile, Error> {
     let device = device.clone().autodiff();
-    let model: ResNet = init_module(&device, args.seed, || {
-        setup
-            .model
-            .clone()
-            .with_stem(StemKind::Cifar)
-            .with_base_width(args.width)
-            .init(&device)
-    });
+    let model: ResNet = crate::build_model(args, setup, &device);
     let largest = *key.batches.last().expect("at least one batch size");
     let batch = {
         let mut loader = DataLoader::builder(Arc::clone(&setup.train))
