@@ -16,28 +16,29 @@ use burn::optim::SgdConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
-use kiln::amp::{AmpStats, MixedPrecision, Precision};
-use kiln::core::{DeviceSpec, fingerprint, init_module};
-use kiln::data::{Cifar10, DataLoader, ImageSource, SyntheticImages, Transform};
-use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, Replica, SyncMode, SyncStats};
+use kiln::amp::{AmpStats, MixedPrecision};
+use kiln::core::{DeviceSpec, init_module};
+use kiln::data::{Cifar10, ImageSource, SyntheticImages, Transform};
+use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, SyncMode, SyncStats};
 use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
-use kiln::train::{LrSchedule, TrainError, TrainReport, Trainer};
+use kiln::train::TrainReport;
 
 mod args;
 mod checkpoints;
 mod faults;
 mod pipeline;
 mod planning;
+mod replica;
+
+use replica::{announce, run_mpi, train_replica};
 
 // Counts the heap, so the planner can measure the activations each segment keeps for
 // backward on the CPU (one atomic add per allocation).
 #[global_allocator]
 static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllocator;
 
-use args::{
-    AmpArg, Args, CommArg, CompressionArg, GradientPathArg, LrScalingArg, refuse_conflicts,
-};
+use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
 fn main() -> ExitCode {
     match run(Args::parse()) {
@@ -358,228 +359,4 @@ fn optimizer() -> burn::optim::ModuleOptimizer {
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init()
-}
-
-fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
-    let batch = match &setup.planned_batches {
-        Some(batches) if batches.iter().any(|&b| b != batches[0]) => format!("{batches:?}"),
-        Some(batches) => format!("{} x {world}", batches[0]),
-        None => format!("{} x {world}", args.batch_size),
-    };
-    println!(
-        "kiln: resnet{} width {} | {world} replica(s) on {placement} | {} training / {} validation images | batch {batch} x {} accumulation",
-        args.model,
-        args.width,
-        setup.train.len(),
-        setup.valid.len(),
-        args.accumulation
-    );
-}
-
-/// Under `mpirun`: every process trains one replica per entry of `--devices` (processes ×
-/// local devices), MPI between processes and shared memory within each.
-#[cfg(feature = "mpi")]
-fn run_mpi(
-    args: &Args,
-    setup: &Setup,
-    devices: Vec<burn::tensor::Device>,
-    config: DdpConfig,
-) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
-    let mpi = kiln::comm::MpiCommunicator::world(config.timeout)?;
-    let (process, processes) = (mpi.rank(), mpi.world_size());
-    let local = devices.len();
-    if process == 0 {
-        let placement = format!(
-            "{processes} MPI process(es) x {local} local device(s) ({})",
-            args.devices
-        );
-        announce(args, setup, processes * local, &placement);
-    }
-    Ok(DataParallel::new(devices)
-        .config(config)
-        .run_mpi(mpi, |replica| train_replica(replica, args, setup))?)
-}
-
-#[cfg(not(feature = "mpi"))]
-fn run_mpi(
-    _: &Args,
-    _: &Setup,
-    _: Vec<burn::tensor::Device>,
-    _: DdpConfig,
-) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
-    Err("--comm mpi needs the example built with `--features mpi`".into())
-}
-
-fn train_replica(replica: Replica, args: &Args, setup: &Setup) -> Result<Outcome, TrainError> {
-    let device = replica.train_device();
-    let primary = replica.is_primary();
-    let model = replica.broadcast_module(build_model(args, setup, &device))?;
-    let (batch_size, weights) = if args.balance {
-        let split = replica.split_batch(
-            measure_throughput(&model, setup, args, &device)?,
-            args.global_batch
-                .unwrap_or(args.batch_size * replica.world_size()),
-        )?;
-        if primary {
-            println!(
-                "balanced batches {:?} from measured {:?} img/s",
-                split.batches, split.throughput
-            );
-        }
-        (split.batches[replica.rank()], Some(split.weights()))
-    } else if let Some(batches) = &setup.planned_batches
-        && batches.iter().any(|&b| b != batches[0])
-    {
-        // Uneven shares of each step's samples (a contiguous run of the epoch's order,
-        // whatever the split: a checkpoint resumes on another split with the same steps).
-        (batches[replica.rank()], None)
-    } else if let Some(batches) = &setup.planned_batches {
-        (batches[0], None)
-    } else {
-        (args.batch_size, None)
-    };
-    let mut train_loader = DataLoader::builder(Arc::clone(&setup.train))
-        .batch_size(batch_size)
-        .num_workers(args.workers)
-        .prefetch(args.prefetch)
-        .shuffle(args.seed)
-        .drop_last(true)
-        .shard(replica.rank(), replica.world_size())
-        .transforms(setup.transforms.clone())
-        .device(device.clone());
-    if let Some(weights) = weights {
-        train_loader = train_loader.shard_weights(weights);
-    } else if let Some(batches) = &setup.planned_batches
-        && batches.iter().any(|&b| b != batches[0])
-    {
-        train_loader = train_loader.shard_batches(batches.clone());
-    }
-    let train_loader = train_loader.build();
-    let steps_per_epoch = train_loader.num_batches() / args.accumulation;
-    let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
-    let step_samples = if args.balance {
-        args.global_batch
-            .unwrap_or(args.batch_size * replica.world_size())
-    } else if let Some(batches) = &setup.planned_batches {
-        batches.iter().sum()
-    } else {
-        args.batch_size * replica.world_size()
-    } * args.accumulation;
-    if primary && args.lr_scaling != LrScalingArg::None {
-        println!("{}", args.lr_scaling.describe(args.lr, step_samples));
-    }
-    let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
-        .warmup((total_steps / 10).max(1))
-        .cosine(total_steps, 0.0);
-    let optimizer = optimizer();
-    let identity = checkpoints::identity(args, step_samples, total_steps);
-    let checkpoints::Start {
-        model,
-        optimizer,
-        position,
-        step_state,
-    } = checkpoints::start(
-        setup.resume_from.as_ref(),
-        &identity,
-        model,
-        optimizer,
-        primary,
-    )?;
-    // Every replica must continue from the same step (under MPI each process reads the run
-    // directory itself: a directory that is not shared would split the run).
-    let step_at = position.step as f32;
-    let range = replica
-        .comm()
-        .all_reduce_values(vec![step_at, -step_at], kiln::comm::ReduceOp::Max)?;
-    if range[0] != -range[1] {
-        return Err(TrainError::Checkpoint(format!(
-            "replicas would resume from different steps ({} to {}): every process must see the same --run-dir (a shared file system)",
-            -range[1], range[0]
-        )));
-    }
-    let mut step = if args.no_overlap {
-        replica.non_overlapped_step()
-    } else {
-        replica.overlapped_step()
-    };
-    kiln::train::GradientStep::<ResNet>::restore_state(&mut step, &step_state)?;
-    let (sync, transport) = (step.stats(), step.transport());
-    let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
-    // The last replica carries an injected fault, if asked for.
-    let fault = args
-        .inject_fault
-        .filter(|_| replica.rank() + 1 == replica.world_size());
-    let step = faults::Faulty { inner: step, fault };
-    let mut builder = Trainer::builder(model, optimizer)
-        .gradient_step(step)
-        .schedule(schedule)
-        .train_loader(train_loader)
-        .accumulation_steps(args.accumulation)
-        .resume_at(position)
-        .progress(primary && !args.quiet)
-        .log_epochs(primary);
-    if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
-        // Every replica takes part in a checkpoint; the first writes it.
-        builder = builder.checkpoint(saver.writes(replica.rank() == 0));
-    }
-    if let Some(flag) = &setup.stop {
-        builder = builder.stop_flag(flag.clone());
-    }
-    if primary && let Some(log) = checkpoints::run_log(args, &position)? {
-        builder = builder.observer(log);
-    }
-    if primary {
-        let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
-            .batch_size(256)
-            .num_workers(args.workers)
-            .transforms(setup.valid_transforms.clone())
-            .device(replica.device().clone())
-            .build();
-        builder = builder.valid_loader(valid_loader);
-    }
-    builder = match args.steps {
-        Some(steps) => builder.max_steps(steps),
-        None => builder.epochs(args.epochs),
-    };
-    let (model, report) = builder.build()?.fit()?;
-    let sync = *sync.lock().unwrap_or_else(|p| p.into_inner());
-    let amp = amp.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
-    Ok(Outcome {
-        rank: replica.rank(),
-        report,
-        sync,
-        transport,
-        amp,
-        fingerprint: fingerprint(&model),
-    })
-}
-
-/// This replica's training throughput (images/s) over a few probe steps on its device.
-fn measure_throughput(
-    model: &ResNet,
-    setup: &Setup,
-    args: &Args,
-    device: &burn::tensor::Device,
-) -> Result<f64, TrainError> {
-    let mut probe = DataLoader::builder(Arc::clone(&setup.train))
-        .batch_size(args.batch_size)
-        .device(device.clone())
-        .build();
-    let batches: Vec<_> = probe.epoch(0).take(4).collect::<Result<_, _>>()?;
-    // Probe in the precision training will use.
-    let precision = MixedPrecision::new(args.amp.precision());
-    let working = precision.working_copy(model);
-    let working = working.as_ref().unwrap_or(model);
-    let mut timed = 0.0;
-    let mut images = 0;
-    for (i, batch) in batches.into_iter().enumerate() {
-        let size = batch.indices.len();
-        let start = std::time::Instant::now();
-        let _ = kiln::train::forward_backward(working, batch, &precision);
-        if i > 0 {
-            timed += start.elapsed().as_secs_f64();
-            images += size;
-        }
-    }
-    Ok(images as f64 / timed.max(1e-9))
 }

@@ -88,14 +88,26 @@ impl Checkpointer {
         model: &M,
         optimizer: &ModuleOptimizer,
     ) -> Result<PathBuf, CheckpointError> {
-        let held = Held {
+        let (manifest, files) = self
+            .hold(position, model, optimizer, StepState::Null)
+            .encode()?;
+        self.store.save(manifest, files)
+    }
+
+    /// Takes hold of the state to save at `position` (no copy of the model's tensors).
+    fn hold<M: Module>(
+        &self,
+        position: &TrainPosition,
+        model: &M,
+        optimizer: &ModuleOptimizer,
+        step_state: StepState,
+    ) -> Held<M> {
+        Held {
             model: model.valid(),
             optimizer: optimizer.to_record(),
-            step_state: StepState::Null,
+            step_state,
             manifest: self.manifest(position),
-        };
-        let (manifest, files) = held.encode()?;
-        self.store.save(manifest, files)
+        }
     }
 
     fn manifest(&self, position: &TrainPosition) -> Manifest {
@@ -179,12 +191,7 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
             .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
         // Held on this thread (references to the model's tensors, the optimizer's record);
         // encoded, checksummed and written on the writer's.
-        let held = Held {
-            model: model.valid(),
-            optimizer: optimizer.to_record(),
-            step_state: step_state.clone(),
-            manifest: self.manifest(position),
-        };
+        let held = self.hold(position, model, optimizer, step_state.clone());
         let store = self.store.clone();
         self.writing = Some(
             std::thread::Builder::new()
