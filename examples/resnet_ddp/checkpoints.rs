@@ -4,19 +4,17 @@
 use std::path::PathBuf;
 
 use burn::optim::ModuleOptimizer;
-use kiln::checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume};
+use kiln::checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume, resume_owning};
 use kiln::resnet::ResNet;
 use kiln::train::{RunLog, StepState, TrainError, TrainPosition};
 
 use crate::args::Args;
 
-/// The options whose state a checkpoint does not hold yet (set ones, by flag): ZeRO shards,
-/// local SGD's diverged replicas, a throughput-measured split, stages.
+/// The options whose state a checkpoint does not hold yet (set ones, by flag): local SGD's
+/// replicas, which differ between averagings, and pipeline stages.
 fn unsupported(args: &Args) -> Vec<&'static str> {
     [
-        (args.zero1, "--zero1"),
         (args.local_sgd.is_some(), "--local-sgd"),
-        (args.balance, "--balance"),
         (args.pipeline.is_some(), "--pipeline"),
     ]
     .into_iter()
@@ -61,8 +59,9 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
 
 /// What identifies this run: the model and every option that changes the arithmetic.
 ///
-/// The replica count and the split are not part of it (elastic resume): every step's
-/// samples are the same contiguous run of the epoch's order whatever the split.
+/// The replica count, the split and ZeRO-1 are not part of it (elastic resume): every
+/// step's samples are the same contiguous run of the epoch's order whatever the split, and
+/// a ZeRO-1 checkpoint's optimizer parts join into the state one optimizer would hold.
 pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
     RunIdentity::new(format!(
         "resnet{} width {} cifar-stem 10 classes",
@@ -151,12 +150,14 @@ pub struct Start {
     pub step_state: StepState,
 }
 
-/// The model, optimizer and position to start from: the checkpoint's, or as given.
+/// The model, optimizer and position to start from: the checkpoint's, or as given; `owned`:
+/// the parameters whose optimizer state this replica keeps (ZeRO-1), all when `None`.
 pub fn start(
     from: Option<&PathBuf>,
     identity: &RunIdentity,
     model: ResNet,
     optimizer: ModuleOptimizer,
+    owned: Option<&[String]>,
     primary: bool,
 ) -> Result<Start, TrainError> {
     let Some(path) = from else {
@@ -167,8 +168,11 @@ pub fn start(
             step_state: StepState::Null,
         });
     };
-    let resumed = resume(path, identity, model, optimizer)
-        .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
+    let resumed = match owned {
+        Some(owned) => resume_owning(path, identity, model, optimizer, owned),
+        None => resume(path, identity, model, optimizer),
+    }
+    .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
     if primary {
         println!(
             "resume: {} (step {}, epoch {}, step {} of it)",

@@ -63,6 +63,10 @@ impl<M: ImageClassifier, S: GradientStep<M>> GradientStep<M> for Faulty<S> {
         self.inner.saved_state()
     }
 
+    fn loss_scale(&self) -> Option<f32> {
+        self.inner.loss_scale()
+    }
+
     fn restore_state(&mut self, state: &StepState) -> Result<(), TrainError> {
         self.inner.restore_state(state)
     }

@@ -71,7 +71,9 @@ pub(crate) fn train_replica(
     let device = replica.train_device();
     let primary = replica.is_primary();
     let model = replica.broadcast_module(build_model(args, setup, &device))?;
-    let (batch_size, weights) = if args.balance {
+    // Uneven shares take each step's samples as parts of a contiguous run of the epoch's
+    // order, whatever the split: a checkpoint resumes on another split with the same steps.
+    let (batch_size, shares) = if args.balance {
         let split = replica.split_batch(
             measure_throughput(&model, setup, args, &device)?,
             args.global_batch
@@ -83,13 +85,11 @@ pub(crate) fn train_replica(
                 split.batches, split.throughput
             );
         }
-        (split.batches[replica.rank()], Some(split.weights()))
+        (split.batches[replica.rank()], Some(split.batches.clone()))
     } else if let Some(batches) = &setup.planned_batches
         && batches.iter().any(|&b| b != batches[0])
     {
-        // Uneven shares of each step's samples (a contiguous run of the epoch's order,
-        // whatever the split: a checkpoint resumes on another split with the same steps).
-        (batches[replica.rank()], None)
+        (batches[replica.rank()], Some(batches.clone()))
     } else if let Some(batches) = &setup.planned_batches {
         (batches[0], None)
     } else {
@@ -104,12 +104,8 @@ pub(crate) fn train_replica(
         .shard(replica.rank(), replica.world_size())
         .transforms(setup.transforms.clone())
         .device(device.clone());
-    if let Some(weights) = weights {
-        train_loader = train_loader.shard_weights(weights);
-    } else if let Some(batches) = &setup.planned_batches
-        && batches.iter().any(|&b| b != batches[0])
-    {
-        train_loader = train_loader.shard_batches(batches.clone());
+    if let Some(shares) = shares {
+        train_loader = train_loader.shard_batches(shares);
     }
     let train_loader = train_loader.build();
     let steps_per_epoch = train_loader.num_batches() / args.accumulation;
@@ -130,6 +126,8 @@ pub(crate) fn train_replica(
         .cosine(total_steps, 0.0);
     let optimizer = optimizer();
     let identity = checkpoints::identity(args, step_samples, total_steps);
+    // Under ZeRO-1 the optimizer keeps (and resumes) the state of its own parameters only.
+    let owned = replica.optimizer_shard(&model);
     let checkpoints::Start {
         model,
         optimizer,
@@ -140,6 +138,7 @@ pub(crate) fn train_replica(
         &identity,
         model,
         optimizer,
+        owned.as_deref(),
         primary,
     )?;
     // Every replica must continue from the same step (under MPI each process reads the run
@@ -175,9 +174,14 @@ pub(crate) fn train_replica(
         .resume_at(position)
         .progress(primary && !args.quiet)
         .log_epochs(primary);
-    if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
-        // Every replica takes part in a checkpoint; the first writes it.
-        builder = builder.checkpoint(saver.writes(replica.rank() == 0));
+    if let Some(mut saver) = checkpoints::saver(args, &identity, &args.devices) {
+        // Every replica takes part in a checkpoint; the first writes it (with ZeRO-1, with
+        // every replica's part of the optimizer's state).
+        saver = saver.writes(replica.rank() == 0);
+        if owned.is_some() {
+            saver = saver.optimizer_shard(replica.rank(), replica.world_size());
+        }
+        builder = builder.checkpoint(saver);
     }
     if let Some(flag) = &setup.stop {
         builder = builder.stop_flag(flag.clone());

@@ -1,7 +1,10 @@
 //! Saving a training run's checkpoints, and resuming from one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
@@ -9,6 +12,8 @@ use kiln_train::{CheckpointHook, StepState, TrainError, TrainPosition};
 
 use crate::CheckpointError;
 use crate::manifest::{FORMAT, Manifest, RunIdentity};
+use crate::optimizer_parts::{join_optimizer_parts, optimizer_part_bytes, optimizer_part_name};
+use crate::parts::PartsToCollect;
 use crate::snapshot::{
     assign_param_ids, model_bytes, param_ids, record_bytes, restore_model, restore_optimizer,
 };
@@ -35,6 +40,10 @@ pub const STEP_STATE_FILE: &str = "step_state.json";
 /// encodes and writes it on a thread of its own, so training goes on during the write; a
 /// save waits for the previous write, and training ends only when the last write is on
 /// disk (an error of a background write stops training at the next save or at the end).
+///
+/// With the optimizer's state sharded over replicas (ZeRO-1,
+/// [`optimizer_shard`](Self::optimizer_shard)), every replica saves its part and the writing
+/// replica's checkpoint counts only once every part is in it.
 #[derive(Debug)]
 pub struct Checkpointer {
     store: CheckpointStore,
@@ -42,7 +51,17 @@ pub struct Checkpointer {
     identity: RunIdentity,
     layout: BTreeMap<String, String>,
     writes: bool,
+    shard: Option<Shard>,
+    part_timeout: Duration,
+    abandoned: Arc<AtomicBool>,
     writing: Option<std::thread::JoinHandle<Result<PathBuf, CheckpointError>>>,
+}
+
+/// This replica's place among those whose optimizers each hold a part of the state.
+#[derive(Debug, Clone, Copy)]
+struct Shard {
+    rank: usize,
+    world: usize,
 }
 
 impl Checkpointer {
@@ -55,8 +74,33 @@ impl Checkpointer {
             identity,
             layout: BTreeMap::new(),
             writes: true,
+            shard: None,
+            part_timeout: Duration::from_secs(300),
+            abandoned: Arc::default(),
             writing: None,
         }
+    }
+
+    /// This replica's optimizer holds part `rank` of `world` of the optimizer's state
+    /// (ZeRO-1): every replica saves its part, the writing one collects them all before
+    /// its checkpoint counts. Removes parts an earlier, interrupted run left behind, so
+    /// call it before this run's replicas train (as building the trainer does).
+    ///
+    /// # Panics
+    /// If `rank >= world` (a programmer error).
+    pub fn optimizer_shard(mut self, rank: usize, world: usize) -> Self {
+        assert!(rank < world, "rank {rank} of {world} replicas");
+        if world > 1 {
+            self.store.remove_stale_parts();
+            self.shard = Some(Shard { rank, world });
+        }
+        self
+    }
+
+    /// How long the writing replica waits for another replica's part (default 300 s).
+    pub fn part_timeout(mut self, timeout: Duration) -> Self {
+        self.part_timeout = timeout;
+        self
     }
 
     /// Whether this replica writes (default) or only takes part: with several replicas each
@@ -90,7 +134,7 @@ impl Checkpointer {
     ) -> Result<PathBuf, CheckpointError> {
         let (manifest, files) = self
             .hold(position, model, optimizer, StepState::Null)
-            .encode()?;
+            .encode(OPTIMIZER_FILE.into())?;
         self.store.save(manifest, files)
     }
 
@@ -118,6 +162,12 @@ impl Checkpointer {
             layout: self.layout.clone(),
             position: (*position).into(),
             files: Vec::new(),
+            optimizer: match self.shard {
+                Some(Shard { world, .. }) => {
+                    (0..world).map(|r| optimizer_part_name(r, world)).collect()
+                }
+                None => vec![OPTIMIZER_FILE.to_string()],
+            },
         }
     }
 
@@ -149,12 +199,13 @@ struct Held<M> {
 }
 
 impl<M: Module> Held<M> {
-    /// The files of the checkpoint.
-    fn encode(self) -> Result<(Manifest, Files), CheckpointError> {
+    /// The files of the checkpoint; `optimizer_file` holds the optimizer's state (or this
+    /// replica's part of it).
+    fn encode(self, optimizer_file: String) -> Result<(Manifest, Files), CheckpointError> {
         let ids = serde_json::to_vec_pretty(&param_ids(&self.model)).expect("ids serialise");
         let files = vec![
             (MODEL_FILE.to_string(), model_bytes(&self.model)),
-            (OPTIMIZER_FILE.to_string(), record_bytes(self.optimizer)?),
+            (optimizer_file, record_bytes(self.optimizer)?),
             (PARAM_IDS_FILE.to_string(), ids),
             (
                 STEP_STATE_FILE.to_string(),
@@ -167,7 +218,9 @@ impl<M: Module> Held<M> {
 
 impl Drop for Checkpointer {
     fn drop(&mut self) {
-        // A checkpoint being written is finished before the run lets go of it.
+        // A checkpoint being written is finished before the run lets go of it; dropped
+        // without `finish` (training failed), it waits for no other replica's part.
+        self.abandoned.store(true, Ordering::Release);
         let _ = self.wait();
     }
 }
@@ -184,22 +237,52 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
         optimizer: &ModuleOptimizer,
         step_state: &StepState,
     ) -> Result<(), TrainError> {
-        if !self.writes {
+        let shard = self.shard;
+        if !self.writes && shard.is_none() {
             return Ok(());
         }
         self.wait()
             .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
-        // Held on this thread (references to the model's tensors, the optimizer's record);
-        // encoded, checksummed and written on the writer's.
-        let held = self.hold(position, model, optimizer, step_state.clone());
         let store = self.store.clone();
+        let step = position.step;
+        let write: Box<dyn FnOnce() -> Result<PathBuf, CheckpointError> + Send> = match shard {
+            // Another replica's part: its optimizer's state only, collected by the writer.
+            Some(Shard { rank, world }) if !self.writes => {
+                let (record, ids) = (optimizer.to_record(), param_ids(model));
+                Box::new(move || {
+                    let name = optimizer_part_name(rank, world);
+                    store.save_part(step, &name, &optimizer_part_bytes(record, &ids)?)?;
+                    Ok(store.path_for(step))
+                })
+            }
+            _ => {
+                // Held on this thread (references to the model's tensors, the
+                // optimizer's record); encoded, checksummed and written on the writer's.
+                let held = self.hold(position, model, optimizer, step_state.clone());
+                let (own, parts) = match shard {
+                    Some(Shard { rank, world }) => (
+                        optimizer_part_name(rank, world),
+                        Some(PartsToCollect {
+                            names: (0..world)
+                                .filter(|&r| r != rank)
+                                .map(|r| optimizer_part_name(r, world))
+                                .collect(),
+                            timeout: self.part_timeout,
+                            abandoned: Arc::clone(&self.abandoned),
+                        }),
+                    ),
+                    None => (OPTIMIZER_FILE.to_string(), None),
+                };
+                Box::new(move || {
+                    let (manifest, files) = held.encode(own)?;
+                    store.save_with_parts(manifest, files, parts.as_ref())
+                })
+            }
+        };
         self.writing = Some(
             std::thread::Builder::new()
                 .name("kiln-checkpoint-writer".into())
-                .spawn(move || {
-                    let (manifest, files) = held.encode()?;
-                    store.save(manifest, files)
-                })
+                .spawn(write)
                 .map_err(|err| TrainError::Checkpoint(format!("starting the writer: {err}")))?,
         );
         Ok(())
@@ -229,7 +312,8 @@ pub struct Resumed<M> {
 
 /// Restores `model` (built as for a fresh run, on its training device) and `optimizer`
 /// (fresh) from the checkpoint in `path`, after checking every file against the manifest
-/// and the run against `identity`.
+/// and the run against `identity`. The optimizer gets the state of every parameter, joined
+/// from its parts if the run that saved it sharded it (ZeRO-1) over any number of replicas.
 ///
 /// # Errors
 /// [`CheckpointError::Missing`], [`CheckpointError::Corrupt`] naming the file, or
@@ -239,6 +323,33 @@ pub fn resume<M: Module>(
     identity: &RunIdentity,
     model: M,
     optimizer: ModuleOptimizer,
+) -> Result<Resumed<M>, CheckpointError> {
+    restore(path, identity, model, optimizer, None)
+}
+
+/// [`resume`] for a replica whose optimizer keeps the state of some parameters only (a
+/// ZeRO-1 shard): the optimizer gets the state of the parameters at the paths `owned`
+/// names, whatever the number of replicas (and whether ZeRO-1 was on) when it was saved.
+///
+/// # Errors
+/// As [`resume`], and [`CheckpointError::Corrupt`] if `owned` names a path the checkpoint
+/// has no parameter at.
+pub fn resume_owning<M: Module>(
+    path: &Path,
+    identity: &RunIdentity,
+    model: M,
+    optimizer: ModuleOptimizer,
+    owned: &[String],
+) -> Result<Resumed<M>, CheckpointError> {
+    restore(path, identity, model, optimizer, Some(owned))
+}
+
+fn restore<M: Module>(
+    path: &Path,
+    identity: &RunIdentity,
+    model: M,
+    optimizer: ModuleOptimizer,
+    owned: Option<&[String]>,
 ) -> Result<Resumed<M>, CheckpointError> {
     let loaded = CheckpointStore::load(path)?;
     let differences = identity.differences(&loaded.manifest.run);
@@ -256,13 +367,37 @@ pub fn resume<M: Module>(
                 reason: err.to_string(),
             }
         })?;
+    let keep = owned
+        .map(|paths| {
+            paths
+                .iter()
+                .map(|p| {
+                    ids.get(p).copied().ok_or_else(|| CheckpointError::Corrupt {
+                        path: ids_path.clone(),
+                        reason: format!("no parameter at `{p}`, which this replica owns"),
+                    })
+                })
+                .collect::<Result<HashSet<u64>, _>>()
+        })
+        .transpose()?;
     let model = restore_model(model, loaded.file(MODEL_FILE)?, &path.join(MODEL_FILE))?;
     let model = assign_param_ids(model, &ids, &ids_path)?;
-    let optimizer = restore_optimizer(
-        optimizer,
-        loaded.file(OPTIMIZER_FILE)?,
-        &path.join(OPTIMIZER_FILE),
-    )?;
+    let mut names = loaded.manifest.optimizer.clone();
+    if names.is_empty() {
+        names.push(OPTIMIZER_FILE.into());
+    }
+    let paths: Vec<PathBuf> = names.iter().map(|n| path.join(n)).collect();
+    let parts = names
+        .iter()
+        .zip(&paths)
+        .map(|(name, file)| Ok((file.as_path(), loaded.file(name)?)))
+        .collect::<Result<Vec<_>, CheckpointError>>()?;
+    let state = if parts.len() == 1 && keep.is_none() {
+        parts[0].1.to_vec()
+    } else {
+        join_optimizer_parts(&parts, &ids, keep.as_ref())?
+    };
+    let optimizer = restore_optimizer(optimizer, &state, &paths[0])?;
     // Checkpoints of older builds have no step state: none then.
     let step_state = match loaded.files.get(STEP_STATE_FILE) {
         Some(bytes) => serde_json::from_slice(bytes).map_err(|err| CheckpointError::Corrupt {

@@ -43,14 +43,20 @@ mod checkpointer;
 mod elastic_tests;
 mod error;
 mod manifest;
+mod optimizer_parts;
+mod parts;
 mod snapshot;
 mod store;
 #[cfg(test)]
 mod tests;
 
-pub use checkpointer::{Checkpointer, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, Resumed, resume};
+pub use checkpointer::{
+    Checkpointer, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, Resumed, resume, resume_owning,
+};
 pub use error::CheckpointError;
 pub use manifest::{FORMAT, FileEntry, MANIFEST, Manifest, Position, RunIdentity};
+pub use optimizer_parts::{join_optimizer_parts, optimizer_part_name};
+pub use parts::PartsToCollect;
 pub use snapshot::{
     assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
 };

@@ -126,6 +126,11 @@ pub struct Manifest {
     pub position: Position,
     /// Every other file, with its size and checksum.
     pub files: Vec<FileEntry>,
+    /// The files holding the optimizer's state: one, or one part per replica of a run
+    /// whose optimizer state was sharded (ZeRO-1), joined on resume. Empty in checkpoints
+    /// of earlier builds: `optimizer.bpk` then.
+    #[serde(default)]
+    pub optimizer: Vec<String>,
 }
 
 impl Manifest {

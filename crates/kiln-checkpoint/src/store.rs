@@ -4,9 +4,12 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::CheckpointError;
 use crate::manifest::{FileEntry, MANIFEST, Manifest};
+use crate::parts::PartsToCollect;
 
 /// Where a run's checkpoints live: `dir/step-000000123/` each, complete ones only (those
 /// with a manifest). A save writes into a hidden temporary directory, syncs every file and
@@ -16,6 +19,8 @@ use crate::manifest::{FileEntry, MANIFEST, Manifest};
 pub struct CheckpointStore {
     dir: PathBuf,
     keep: usize,
+    /// Bytes left before writes fail as on a full disk (fault injection), shared by clones.
+    space_left: Option<Arc<AtomicU64>>,
 }
 
 /// A checkpoint read back and verified.
@@ -51,7 +56,16 @@ impl CheckpointStore {
         Self {
             dir: dir.into(),
             keep: keep.max(1),
+            space_left: None,
         }
+    }
+
+    /// Fault injection, for testing what a full disk does to a run: the store (and its
+    /// clones) may write `bytes` more in all; the write that passes them writes what fits,
+    /// then fails as a full disk does (`ENOSPC`, "No space left on device").
+    pub fn with_space_left(mut self, bytes: u64) -> Self {
+        self.space_left = Some(Arc::new(AtomicU64::new(bytes)));
+        self
     }
 
     /// The directory.
@@ -72,8 +86,24 @@ impl CheckpointStore {
     /// there stay as they were.
     pub fn save(
         &self,
+        manifest: Manifest,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<PathBuf, CheckpointError> {
+        self.save_with_parts(manifest, files, None)
+    }
+
+    /// [`save`](Self::save), with the parts other replicas write
+    /// ([`save_part`](Self::save_part)) waited for and made part of the checkpoint: it
+    /// counts (has a manifest) only once every part is in it.
+    ///
+    /// # Errors
+    /// As [`save`](Self::save), and [`CheckpointError::Corrupt`] naming a part that did not
+    /// arrive in time or whose replica could not write it.
+    pub fn save_with_parts(
+        &self,
         mut manifest: Manifest,
         files: Vec<(String, Vec<u8>)>,
+        parts: Option<&PartsToCollect>,
     ) -> Result<PathBuf, CheckpointError> {
         fs::create_dir_all(&self.dir).map_err(CheckpointError::io(&self.dir))?;
         let step = manifest.position.step;
@@ -83,7 +113,7 @@ impl CheckpointStore {
         if partial.exists() {
             fs::remove_dir_all(&partial).map_err(CheckpointError::io(&partial))?;
         }
-        let written = write_all(&partial, &mut manifest, files);
+        let written = self.write_all(&partial, &mut manifest, files, parts);
         if let Err(err) = written {
             let _ = fs::remove_dir_all(&partial);
             return Err(err);
@@ -103,6 +133,7 @@ impl CheckpointStore {
         if replacing {
             let _ = fs::remove_dir_all(&aside);
         }
+        self.remove_parts_through(step);
         // The checkpoint is written: failing to remove old ones is no reason to stop.
         if let Err(err) = self.prune() {
             eprintln!("warning: checkpoints not pruned: {err}");
@@ -210,35 +241,74 @@ impl CheckpointStore {
     }
 }
 
-/// Writes every file, then the manifest, each synced, then syncs the directory.
-fn write_all(
-    dir: &Path,
-    manifest: &mut Manifest,
-    files: Vec<(String, Vec<u8>)>,
-) -> Result<(), CheckpointError> {
-    fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
-    manifest.files.clear();
-    for (name, bytes) in files {
-        write_synced(&dir.join(&name), &bytes)?;
-        manifest.files.push(FileEntry {
-            name,
-            bytes: bytes.len() as u64,
-            crc32: crc32fast::hash(&bytes),
-        });
+impl CheckpointStore {
+    /// Writes every file, collects every part, then writes the manifest, each synced, then
+    /// syncs the directory.
+    fn write_all(
+        &self,
+        dir: &Path,
+        manifest: &mut Manifest,
+        files: Vec<(String, Vec<u8>)>,
+        parts: Option<&PartsToCollect>,
+    ) -> Result<(), CheckpointError> {
+        fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
+        manifest.files.clear();
+        for (name, bytes) in files {
+            self.write_synced(&dir.join(&name), &bytes)?;
+            manifest.files.push(entry(name, &bytes));
+        }
+        for name in parts.map_or(&[][..], |p| &p.names[..]) {
+            let parts = parts.expect("names come from it");
+            let bytes = self.collect_part(manifest.position.step, name, dir, parts)?;
+            manifest.files.push(entry(name.clone(), &bytes));
+        }
+        let text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
+        self.write_synced(&dir.join(MANIFEST), &text)?;
+        sync_dir(dir)
     }
-    let text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
-    write_synced(&dir.join(MANIFEST), &text)?;
-    sync_dir(dir)
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let mut file = File::create(path).map_err(CheckpointError::io(path))?;
-    file.write_all(bytes).map_err(CheckpointError::io(path))?;
-    file.sync_all().map_err(CheckpointError::io(path))
+fn entry(name: String, bytes: &[u8]) -> FileEntry {
+    FileEntry {
+        name,
+        bytes: bytes.len() as u64,
+        crc32: crc32fast::hash(bytes),
+    }
+}
+
+impl CheckpointStore {
+    /// Writes `bytes` into a new file at `path` and syncs it to disk.
+    pub(crate) fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let mut file = File::create(path).map_err(CheckpointError::io(path))?;
+        let fits = self.take_space(bytes.len());
+        file.write_all(&bytes[..fits])
+            .map_err(CheckpointError::io(path))?;
+        if fits < bytes.len() {
+            // ENOSPC, as the system reports a full disk.
+            return Err(CheckpointError::io(path)(
+                std::io::Error::from_raw_os_error(28),
+            ));
+        }
+        file.sync_all().map_err(CheckpointError::io(path))
+    }
+
+    /// How many of `wanted` bytes the injected space limit lets through (all without one).
+    fn take_space(&self, wanted: usize) -> usize {
+        let Some(left) = &self.space_left else {
+            return wanted;
+        };
+        let wanted = wanted as u64;
+        let mut granted = 0;
+        let _ = left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            granted = now.min(wanted);
+            Some(now - granted)
+        });
+        granted as usize
+    }
 }
 
 /// Makes a directory's entries (new files, renames) durable.
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(CheckpointError::io(dir))

@@ -281,6 +281,21 @@ impl Replica {
         check_divergence(&self.comm, module, Selection::All)
     }
 
+    /// The paths of the trainable parameters whose optimizer state this replica keeps:
+    /// under ZeRO-1 ([`DdpConfig::zero1`](crate::DdpConfig::zero1)) those it owns, `None`
+    /// without it (all of them). Resume a ZeRO-1 replica with
+    /// `kiln_checkpoint::resume_owning` and these paths, and checkpoint it with
+    /// `Checkpointer::optimizer_shard(rank, world_size)`.
+    pub fn optimizer_shard<M: Module>(&self, model: &M) -> Option<Vec<String>> {
+        self.config.zero1.then(|| {
+            let params = kiln_core::param_infos(model)
+                .into_iter()
+                .filter(|p| p.trainable)
+                .collect();
+            crate::zero::ZeroPlan::new(params, self.rank, self.world_size).owned_paths()
+        })
+    }
+
     /// A step running `pass` with this replica's communicator, options and gradient store.
     fn step<M: ImageClassifier>(&self, pass: Box<dyn Pass<M>>) -> DdpStep<M> {
         let store = GradStore::choose(

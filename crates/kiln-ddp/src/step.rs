@@ -350,6 +350,10 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         self.rule.saved_state()
     }
 
+    fn loss_scale(&self) -> Option<f32> {
+        self.rule.loss_scale()
+    }
+
     fn restore_state(&mut self, state: &kiln_train::StepState) -> Result<(), TrainError> {
         self.rule.restore_state(state)
     }

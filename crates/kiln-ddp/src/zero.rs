@@ -64,6 +64,15 @@ impl ZeroPlan {
         }
     }
 
+    /// The paths of this replica's parameters.
+    pub fn owned_paths(&self) -> Vec<String> {
+        self.owned
+            .entries()
+            .iter()
+            .map(|entry| entry.info.path.clone())
+            .collect()
+    }
+
     /// Index of the sample-count slot of region `r`.
     pub fn count_slot(&self, r: usize) -> usize {
         (r + 1) * self.region - 1

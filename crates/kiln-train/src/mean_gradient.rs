@@ -161,6 +161,11 @@ impl MeanGradient {
         &self.precision
     }
 
+    /// The current loss scale (mixed precision with a scaler), `None` without one.
+    pub fn loss_scale(&self) -> Option<f32> {
+        self.precision.scaler().map(|scaler| scaler.scale())
+    }
+
     /// What a checkpoint keeps of it: the loss scaler (`null` without one).
     pub fn saved_state(&self) -> crate::StepState {
         serde_json::json!({ "scaler": self.precision.scaler() })

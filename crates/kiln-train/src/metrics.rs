@@ -19,6 +19,8 @@ pub struct StepRecord {
     pub images_per_sec: f64,
     /// Time this step waited for its batches.
     pub data_wait: Duration,
+    /// The loss scale after this step (mixed precision with a scaler), `None` without one.
+    pub loss_scale: Option<f32>,
 }
 
 /// One epoch's summary.

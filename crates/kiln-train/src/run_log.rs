@@ -191,7 +191,7 @@ impl RunLog {
 
 impl TrainObserver for RunLog {
     fn on_step(&mut self, step: &StepRecord) -> Result<(), TrainError> {
-        self.write(json!({
+        let mut line = json!({
             "step": step.step,
             "epoch": step.epoch,
             "loss": step.loss,
@@ -199,7 +199,11 @@ impl TrainObserver for RunLog {
             "lr": step.lr,
             "images_per_sec": step.images_per_sec,
             "data_wait_ms": step.data_wait.as_secs_f64() * 1e3,
-        }))
+        });
+        if let Some(scale) = step.loss_scale {
+            line["loss_scale"] = json!(scale);
+        }
+        self.write(line)
     }
 
     fn on_epoch(&mut self, epoch: &EpochSummary) -> Result<(), TrainError> {

@@ -13,6 +13,8 @@ fn step(step: usize, epoch: usize) -> StepRecord {
         lr: 0.1,
         images_per_sec: 100.0,
         data_wait: Duration::from_millis(1),
+        // Mixed precision's scale from step 2 on (f32 before: no scale, no field).
+        loss_scale: (step >= 2).then_some(65536.0),
     }
 }
 
@@ -58,6 +60,8 @@ fn every_step_and_epoch_is_a_line_and_the_curves_are_redrawn() {
     let all = lines(&dir);
     assert_eq!(all.len(), 3 * 4 + 3);
     assert_eq!(all[0]["step"], 0);
+    assert!(all[0].get("loss_scale").is_none(), "no scale without one");
+    assert_eq!(all[2]["loss_scale"], 65536.0);
     assert_eq!(all[4]["epoch_end"], 4);
     assert_eq!(
         all[4]["valid_accuracy"]

@@ -92,6 +92,12 @@ pub trait GradientStep<M: ImageClassifier> {
         StepState::Null
     }
 
+    /// The loss scale the next step uses (mixed precision with a scaler), for the run's
+    /// log; `None` without one.
+    fn loss_scale(&self) -> Option<f32> {
+        None
+    }
+
     /// Continues with state [`saved_state`](Self::saved_state) gave.
     ///
     /// # Errors
@@ -218,6 +224,10 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
         self.rule.saved_state()
     }
 
+    fn loss_scale(&self) -> Option<f32> {
+        self.rule.loss_scale()
+    }
+
     fn restore_state(&mut self, state: &StepState) -> Result<(), TrainError> {
         self.rule.restore_state(state)
     }
@@ -269,5 +279,21 @@ impl<M: ImageClassifier, S: GradientStep<M> + ?Sized> GradientStep<M> for Box<S>
 
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         (**self).before_eval(model)
+    }
+
+    fn saved_state(&self) -> StepState {
+        (**self).saved_state()
+    }
+
+    fn loss_scale(&self) -> Option<f32> {
+        (**self).loss_scale()
+    }
+
+    fn restore_state(&mut self, state: &StepState) -> Result<(), TrainError> {
+        (**self).restore_state(state)
+    }
+
+    fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
+        (**self).agree_to_stop(asked)
     }
 }

@@ -302,6 +302,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                     lr,
                     images_per_sec,
                     data_wait,
+                    loss_scale: self.step.loss_scale(),
                 });
                 if let Some(observer) = &mut self.observer {
                     observer.on_step(report.steps.last().expect("just recorded"))?;
