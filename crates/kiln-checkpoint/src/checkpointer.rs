@@ -154,6 +154,16 @@ impl Checkpointer {
         }
     }
 
+    /// Steps between checkpoints (0: only at the end).
+    pub(crate) fn every(&self) -> usize {
+        self.every
+    }
+
+    /// The manifest of a checkpoint at `position` (its files listed when written).
+    pub(crate) fn manifest_at(&self, position: &TrainPosition) -> Manifest {
+        self.manifest(position)
+    }
+
     fn manifest(&self, position: &TrainPosition) -> Manifest {
         Manifest {
             format: FORMAT,
@@ -227,7 +237,7 @@ impl Drop for Checkpointer {
 
 impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
     fn should_save(&self, position: &TrainPosition, finished: bool) -> bool {
-        finished || (self.every > 0 && position.step.is_multiple_of(self.every))
+        self.is_due(position, finished)
     }
 
     fn save(

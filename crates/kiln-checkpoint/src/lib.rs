@@ -46,6 +46,7 @@ mod manifest;
 mod optimizer_parts;
 mod parts;
 mod snapshot;
+mod stage_parts;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -55,9 +56,10 @@ pub use checkpointer::{
 };
 pub use error::CheckpointError;
 pub use manifest::{FORMAT, FileEntry, MANIFEST, Manifest, Position, RunIdentity};
-pub use optimizer_parts::{join_optimizer_parts, optimizer_part_name};
+pub use optimizer_parts::{join_optimizer_parts, optimizer_part_bytes, optimizer_part_name};
 pub use parts::PartsToCollect;
 pub use snapshot::{
     assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
 };
+pub use stage_parts::{StagePart, join_model_parts};
 pub use store::{CheckpointStore, LoadedCheckpoint};

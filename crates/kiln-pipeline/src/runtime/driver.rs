@@ -4,9 +4,11 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use kiln_checkpoint::Checkpointer;
 use kiln_data::{DataLoader, ImageBatch};
-use kiln_train::LrSchedule;
+use kiln_train::{EpochSummary, LrSchedule, StepRecord, StopFlag, TrainObserver, TrainPosition};
 
+use crate::runtime::checkpoint::Writes;
 use crate::runtime::mailbox::Abort;
 use crate::runtime::worker::{StepData, StepDone};
 use crate::runtime::{PipelineConfig, PipelineError};
@@ -29,15 +31,40 @@ pub(crate) struct Driven {
     pub backward: Vec<Vec<Duration>>,
     pub peak: Vec<usize>,
     pub step_time: Duration,
+    /// Where a stop request ended the run.
+    pub stopped_at: Option<TrainPosition>,
+}
+
+/// Where the run starts and ends, and what goes on around its steps.
+pub(crate) struct Around<'a> {
+    /// Where it starts (a resumed run: the checkpoint's position).
+    pub start: TrainPosition,
+    /// The step it ends at.
+    pub steps: usize,
+    /// Checkpoints, and the writes under way.
+    pub checkpoints: Option<(&'a Checkpointer, &'a mut Writes)>,
+    pub stop: Option<&'a StopFlag>,
+    pub observer: Option<&'a mut dyn TrainObserver>,
+}
+
+/// One epoch's running sums, for its summary.
+#[derive(Default)]
+struct EpochSums {
+    loss: f64,
+    correct: usize,
+    samples: usize,
+    elapsed: Duration,
+    data_wait: Duration,
 }
 
 /// Feeds the stages step after step and collects their reports. Each step takes one batch
-/// per data-parallel group (consecutive batches of the loader).
+/// per data-parallel group (consecutive batches of the loader); an epoch is the loader's
+/// batches ÷ the groups, whole steps only.
 pub(crate) fn drive(
     config: &PipelineConfig,
     schedule: &LrSchedule,
     loader: &mut DataLoader,
-    steps: usize,
+    around: Around<'_>,
     to_stages: &ToStages<'_>,
 ) -> Result<Driven, PipelineError> {
     let &ToStages {
@@ -46,39 +73,73 @@ pub(crate) fn drive(
         abort,
         stages,
     } = to_stages;
+    let Around {
+        start,
+        steps,
+        mut checkpoints,
+        stop,
+        mut observer,
+    } = around;
     let threads = step_senders.len();
     let groups = threads / stages.max(1);
+    let per_epoch = loader.num_batches() / groups;
+    if per_epoch == 0 {
+        return Err(PipelineError::Config(format!(
+            "the loader gives {} batches per epoch, fewer than the {groups} data-parallel pipelines take per step",
+            loader.num_batches()
+        )));
+    }
+    if start.step_in_epoch >= per_epoch {
+        return Err(PipelineError::Checkpoint(format!(
+            "resuming at step {} of epoch {}, which has only {per_epoch} steps (another batch size or data set?)",
+            start.step_in_epoch, start.epoch
+        )));
+    }
     let mut driven = Driven {
-        losses: Vec::with_capacity(steps),
+        losses: Vec::with_capacity(steps.saturating_sub(start.step)),
         forward: vec![Vec::new(); threads],
         backward: vec![Vec::new(); threads],
         peak: vec![0; threads],
-        step_time: Duration::ZERO,
+        ..Driven::default()
     };
-    let mut epoch = 0;
-    let mut batches = loader.epoch(epoch);
-    for step in 0..steps {
+    let mut position = start;
+    let mut sums = EpochSums::default();
+    let mut batches = loader.epoch_from(position.epoch as u64, position.step_in_epoch * groups);
+    let first = start.step;
+    while position.step < steps {
+        let step = position.step;
+        let waiting = Instant::now();
         let mut cuts = Vec::with_capacity(groups);
         for _ in 0..groups {
-            let batch = match batches.next() {
-                Some(batch) => batch?,
-                None => {
-                    epoch += 1;
-                    batches = loader.epoch(epoch);
-                    batches.next().ok_or_else(|| {
-                        PipelineError::Config("the loader gives no batches".into())
-                    })??
-                }
-            };
+            let batch = batches.next().ok_or_else(|| {
+                PipelineError::Config("the loader's epoch ended before its last step".into())
+            })??;
             cuts.push(cut(batch, config.micro_batches)?);
         }
+        let data_wait = waiting.elapsed();
+        let finished = step + 1 == steps;
+        let stopping = stop.is_some_and(StopFlag::is_requested);
+        let mut next = TrainPosition {
+            step: step + 1,
+            epoch: position.epoch,
+            step_in_epoch: position.step_in_epoch + 1,
+        };
+        if next.step_in_epoch == per_epoch {
+            next.epoch += 1;
+            next.step_in_epoch = 0;
+        }
+        let save = checkpoints
+            .as_ref()
+            .is_some_and(|(c, _)| c.is_due(&next, finished || stopping));
         let samples: usize = cuts.iter().flatten().map(|b| b.indices.len()).sum();
-        let start = Instant::now();
+        let lr = schedule.lr(step);
+        let began = Instant::now();
         for (thread, sender) in step_senders.iter().enumerate() {
             let data = StepData {
-                lr: schedule.lr(step),
+                lr,
                 micro_batches: cuts[thread / stages].clone(),
                 samples,
+                save,
             };
             if sender.send(data).is_err() {
                 return Err(PipelineError::PeerLost {
@@ -87,7 +148,7 @@ pub(crate) fn drive(
                 });
             }
         }
-        let mut loss_sum = 0.0;
+        let (mut loss_sum, mut correct) = (0.0, 0);
         for _ in 0..threads {
             let report = abort
                 .recv(done, config.timeout)
@@ -96,21 +157,71 @@ pub(crate) fn drive(
                     what: "a stage's step report".into(),
                 })?;
             loss_sum += report.loss_sum;
+            correct += report.correct;
             let thread = report.thread;
-            if step > 0 || steps == 1 {
+            if step > first || steps == first + 1 {
                 add_into(&mut driven.forward[thread], &report.forward);
                 add_into(&mut driven.backward[thread], &report.backward);
             }
             driven.peak[thread] = driven.peak[thread].max(report.peak_in_flight);
         }
-        if step > 0 || steps == 1 {
-            driven.step_time += start.elapsed();
+        let took = began.elapsed();
+        if step > first || steps == first + 1 {
+            driven.step_time += took;
         }
         let loss = (loss_sum / samples.max(1) as f64) as f32;
         if !loss.is_finite() {
             return Err(PipelineError::NonFiniteLoss { step, loss });
         }
         driven.losses.push(loss);
+        sums.loss += loss_sum;
+        sums.correct += correct;
+        sums.samples += samples;
+        sums.elapsed += took;
+        sums.data_wait += data_wait;
+        if let Some(observer) = observer.as_deref_mut() {
+            observer
+                .on_step(&StepRecord {
+                    epoch: position.epoch,
+                    step,
+                    loss,
+                    accuracy: correct as f32 / samples.max(1) as f32,
+                    lr,
+                    images_per_sec: samples as f64 / took.as_secs_f64().max(1e-9),
+                    data_wait,
+                    loss_scale: None,
+                })
+                .map_err(|err| PipelineError::Observer(err.to_string()))?;
+            if next.epoch > position.epoch {
+                let sums = std::mem::take(&mut sums);
+                observer
+                    .on_epoch(&EpochSummary {
+                        epoch: position.epoch,
+                        train_loss: (sums.loss / sums.samples.max(1) as f64) as f32,
+                        train_accuracy: sums.correct as f32 / sums.samples.max(1) as f32,
+                        valid_loss: None,
+                        valid_accuracy: None,
+                        images_per_sec: sums.samples as f64 / sums.elapsed.as_secs_f64().max(1e-9),
+                        elapsed: sums.elapsed,
+                        data_wait: sums.data_wait,
+                    })
+                    .map_err(|err| PipelineError::Observer(err.to_string()))?;
+            }
+        }
+        if next.epoch > position.epoch && !finished {
+            batches = loader.epoch(next.epoch as u64);
+        }
+        position = next;
+        if save && let Some((checkpointer, writes)) = checkpoints.as_mut() {
+            writes.start(checkpointer, &position)?;
+        }
+        if stopping {
+            driven.stopped_at = Some(position);
+            break;
+        }
+    }
+    if let Some((_, writes)) = checkpoints.as_mut() {
+        writes.wait()?;
     }
     Ok(driven)
 }

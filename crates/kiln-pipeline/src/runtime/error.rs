@@ -44,6 +44,12 @@ pub enum PipelineError {
         /// What it waited for.
         what: String,
     },
+    /// A checkpoint could not be written, or the run could not resume from one.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// The run's observer (its log) failed.
+    #[error("the run's log: {0}")]
+    Observer(String),
     /// The loss is NaN or infinite.
     #[error("the loss is not finite at step {step} ({loss})")]
     NonFiniteLoss {

@@ -1,6 +1,7 @@
 //! Training a [`Segmented`](kiln_core::Segmented) model as a pipeline of stages, each in its
 //! own thread on its own device entry, following a [`Schedule`](crate::schedule::Schedule).
 
+mod checkpoint;
 mod config;
 mod driver;
 mod empty;
@@ -14,5 +15,7 @@ pub use config::PipelineConfig;
 pub use error::PipelineError;
 pub use train::{Pipeline, PipelineReport, StageReport};
 
+#[cfg(test)]
+mod checkpoint_tests;
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,8 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Gradients, Int, Tensor};
 use kiln_comm::{Communicator, ReduceOp};
 use kiln_core::{
-    Activation, FlatLayout, GradWriter, ImageClassifier, SegmentId, Segmented, grads_from_flat,
-    param_infos, segment_param_infos,
+    Activation, FlatLayout, GradWriter, ImageClassifier, ParamInfo, SegmentId, Segmented,
+    grads_from_flat, param_infos, segment_param_infos,
 };
 use kiln_train::{GradientSummary, MeanGradient, TrainError, classification_loss, count_correct};
 
@@ -58,6 +58,8 @@ pub(crate) struct Stage<M> {
     pub param_bytes: usize,
     /// Each compute takes this many times its time (see `PipelineConfig::emulated_slowdown`).
     pub emulated_slowdown: f64,
+    /// The id of every parameter and buffer it holds, by whole-model path.
+    pub owned_ids: std::collections::BTreeMap<String, u64>,
 }
 
 impl<M> Stage<M> {
@@ -81,6 +83,22 @@ impl<M> Stage<M> {
     }
 }
 
+/// The parameters and buffers (whole-model paths) of `model`'s segments in `chunks`.
+pub(crate) fn owned_infos<M: Segmented>(model: &M, chunks: &[Range<usize>]) -> Vec<ParamInfo> {
+    let segments = model.segments();
+    let keep: HashSet<_> = chunks
+        .iter()
+        .flat_map(|range| range.clone())
+        .flat_map(|index| segment_param_infos(model, segments[index]))
+        .map(|info| info.id)
+        .collect();
+    // Whole-model paths (a segment's own paths are relative to it).
+    param_infos(model)
+        .into_iter()
+        .filter(|info| keep.contains(&info.id))
+        .collect()
+}
+
 impl<M> Stage<M>
 where
     M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
@@ -89,18 +107,13 @@ where
     /// emptied.
     pub(crate) fn new(model: M, chunks: Vec<Range<usize>>) -> Self {
         let segments = model.segments();
-        let keep: HashSet<_> = chunks
+        let owned = owned_infos(&model, &chunks);
+        let keep: HashSet<_> = owned.iter().map(|info| info.id).collect();
+        let owned_ids = owned
             .iter()
-            .flat_map(|range| range.clone())
-            .flat_map(|index| segment_param_infos(&model, segments[index]))
-            .map(|info| info.id)
+            .map(|info| (info.path.clone(), info.id.val()))
             .collect();
-        // Whole-model paths (a segment's own paths are relative to it).
-        let layout = FlatLayout::new(
-            param_infos(&model)
-                .into_iter()
-                .filter(|info| info.trainable && keep.contains(&info.id)),
-        );
+        let layout = FlatLayout::new(owned.into_iter().filter(|info| info.trainable));
         let model = keep_only(model, &keep);
         let param_bytes = float_bytes(&model);
         Self {
@@ -111,6 +124,7 @@ where
             layout,
             param_bytes,
             emulated_slowdown: 1.0,
+            owned_ids,
         }
     }
 

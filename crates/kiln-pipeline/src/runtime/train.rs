@@ -2,20 +2,24 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use kiln_amp::MixedPrecision;
+use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity, resume_owning};
 use kiln_comm::{Communicator, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
 use kiln_data::DataLoader;
-use kiln_train::{LrSchedule, MeanGradient};
+use kiln_train::{LrSchedule, MeanGradient, StopFlag, TrainObserver, TrainPosition};
 
-use crate::runtime::driver::{Driven, ToStages, drive};
+use crate::runtime::checkpoint::Writes;
+use crate::runtime::driver::{Around, Driven, ToStages, drive};
 use crate::runtime::mailbox::{Abort, Mailbox};
-use crate::runtime::stage::Stage;
+use crate::runtime::stage::{Stage, owned_infos};
 use crate::runtime::worker::{Links, StepData, StepDone, Update, run_stage};
 use crate::runtime::{PipelineConfig, PipelineError};
 use crate::schedule::{Costs, Schedule, simulate};
@@ -52,6 +56,9 @@ pub struct PipelineReport {
     pub predicted_step_time: Duration,
     /// The trained trainable parameters, by path.
     pub params: HashMap<String, Vec<f32>>,
+    /// Where a stop request ([`Pipeline::stop_flag`]) ended the run, if one did (after a
+    /// checkpoint, when the run has them).
+    pub stopped_at: Option<TrainPosition>,
 }
 
 impl PipelineReport {
@@ -92,6 +99,10 @@ impl PipelineReport {
 pub struct Pipeline {
     devices: Vec<Device>,
     config: PipelineConfig,
+    checkpointer: Option<Checkpointer>,
+    resume: Option<(PathBuf, RunIdentity)>,
+    stop: Option<StopFlag>,
+    observer: Mutex<Option<Box<dyn TrainObserver>>>,
 }
 
 impl Pipeline {
@@ -100,6 +111,10 @@ impl Pipeline {
         Self {
             devices,
             config: PipelineConfig::default(),
+            checkpointer: None,
+            resume: None,
+            stop: None,
+            observer: Mutex::new(None),
         }
     }
 
@@ -109,10 +124,43 @@ impl Pipeline {
         self
     }
 
+    /// Saves checkpoints as `checkpointer` says (every N steps and after the last): the
+    /// stages' parts joined into one checkpoint of the data-parallel format (the whole
+    /// model's weights in `model.bpk`, one optimizer part per stage), so it resumes under
+    /// any plan: another split or schedule, data parallel, or
+    /// [`kiln_checkpoint::resume`].
+    pub fn checkpoint(mut self, checkpointer: Checkpointer) -> Self {
+        self.checkpointer = Some(checkpointer);
+        self
+    }
+
+    /// Continues the run saved in the checkpoint at `path` (of any plan) if it belongs to
+    /// `identity`: each stage takes its parameters and their optimizer state, the loader
+    /// continues with the batches not yet seen, the learning rate from the saved step.
+    pub fn resume(mut self, path: impl Into<PathBuf>, identity: RunIdentity) -> Self {
+        self.resume = Some((path.into(), identity));
+        self
+    }
+
+    /// Stops after the step during which `flag` is raised (with a checkpoint, when the run
+    /// has them): [`PipelineReport::stopped_at`] says where.
+    pub fn stop_flag(mut self, flag: StopFlag) -> Self {
+        self.stop = Some(flag);
+        self
+    }
+
+    /// Tells `observer` every step (loss, accuracy, learning rate, images/s, data wait) and
+    /// every epoch's training summary, e.g. a [`kiln_train::RunLog`].
+    pub fn observer(self, observer: impl TrainObserver + 'static) -> Self {
+        *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(observer));
+        self
+    }
+
     /// Trains the model `build` makes (called once per stage, on its device: build it
-    /// under `kiln_core::init_module` so every call gives the same model) for `steps`
-    /// steps of `loader`'s batches, each cut into micro-batches, with one `optimizer` (made
-    /// by the factory) per stage.
+    /// under `kiln_core::init_module` so every call gives the same model) up to step
+    /// `steps` on `loader`'s batches, each cut into micro-batches, with one `optimizer`
+    /// (made by the factory) per stage. An epoch is the loader's batches ÷ the
+    /// data-parallel pipelines (whole steps).
     ///
     /// # Errors
     /// A bad configuration, a schedule that cannot be built, a loader error, or a stage
@@ -126,11 +174,12 @@ impl Pipeline {
         steps: usize,
     ) -> Result<PipelineReport, PipelineError>
     where
-        M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+        M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
         B: Fn(&Device) -> M + Sync,
         O: Fn() -> ModuleOptimizer + Sync,
     {
         self.config.validate()?;
+        let start = self.resume_position()?;
         let groups = self.config.data_parallel;
         let total = self.devices.len();
         if total == 0 {
@@ -180,6 +229,8 @@ impl Pipeline {
         let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
             (0..total).map(|_| bounded(1)).unzip();
         let (done_sender, done_receiver) = unbounded();
+        let (part_sender, part_receiver) = unbounded();
+        let mut writes = Writes::new(part_receiver, stages, timeout);
         let abort = Abort::default();
         std::thread::scope(|scope| {
             let handles: Vec<_> = inboxes
@@ -204,7 +255,11 @@ impl Pipeline {
                             replicas,
                             pipeline,
                             thread,
+                            // The pipelines mirror each other: the first one's stages save.
+                            parts: (self.checkpointer.is_some() && group == 0)
+                                .then(|| part_sender.clone()),
                         },
+                        resume: self.resume.as_ref(),
                         steps,
                         done: done_sender.clone(),
                         abort: abort.clone(),
@@ -215,14 +270,22 @@ impl Pipeline {
                         .expect("spawning a stage thread")
                 })
                 .collect();
-            drop((peers, done_sender));
+            drop((peers, done_sender, part_sender));
             let to_stages = ToStages {
                 step_senders: &step_senders,
                 done: &done_receiver,
                 abort: &abort,
                 stages,
             };
-            let driven = drive(&self.config, schedule, loader, steps, &to_stages);
+            let mut observer = self.observer.lock().unwrap_or_else(|p| p.into_inner());
+            let around = Around {
+                start,
+                steps,
+                checkpoints: self.checkpointer.as_ref().map(|c| (c, &mut writes)),
+                stop: self.stop.as_ref(),
+                observer: observer.as_deref_mut().map(|o| o as &mut dyn TrainObserver),
+            };
+            let driven = drive(&self.config, schedule, loader, around, &to_stages);
             if driven.is_err() {
                 abort.raise();
             }
@@ -238,6 +301,27 @@ impl Pipeline {
             }
             finish(driven, results, &plan)
         })
+    }
+}
+
+impl Pipeline {
+    /// Where a resumed run starts: the checkpoint's position, once its manifest is read and
+    /// its run is this one (each stage checks every file when it loads its part).
+    fn resume_position(&self) -> Result<TrainPosition, PipelineError> {
+        let Some((path, identity)) = &self.resume else {
+            return Ok(TrainPosition::default());
+        };
+        let manifest =
+            Manifest::read(path).map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+        let differences = identity.differences(&manifest.run);
+        if !differences.is_empty() {
+            return Err(PipelineError::Checkpoint(format!(
+                "the checkpoint {} does not match this run: {}",
+                path.display(),
+                differences.join("; ")
+            )));
+        }
+        Ok(manifest.position.into())
     }
 }
 
@@ -289,6 +373,7 @@ struct StageStart<'a, B, O, H> {
     config: &'a PipelineConfig,
     plan: &'a Schedule,
     links: Links<H>,
+    resume: Option<&'a (PathBuf, RunIdentity)>,
     steps: Receiver<StepData>,
     done: Sender<StepDone>,
     abort: Abort,
@@ -296,7 +381,7 @@ struct StageStart<'a, B, O, H> {
 
 impl<B, O, M> StageStart<'_, B, O, M::Hidden>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
     B: Fn(&Device) -> M + Sync,
     O: Fn() -> ModuleOptimizer + Sync,
 {
@@ -338,6 +423,22 @@ where
                 .config
                 .segments_per_virtual_stage(model.segments().len(), stages)?;
             let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
+            let mut optimizer = (self.optimizer)();
+            // Resumed: the checkpoint's parameters, and the optimizer state of the stage's own.
+            let model = match self.resume {
+                None => model,
+                Some((path, identity)) => {
+                    let owned: Vec<String> = owned_infos(&model, &chunks)
+                        .into_iter()
+                        .filter(|info| info.trainable)
+                        .map(|info| info.path)
+                        .collect();
+                    let resumed = resume_owning(path, identity, model, optimizer, &owned)
+                        .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+                    optimizer = resumed.optimizer;
+                    resumed.model
+                }
+            };
             let mut stage = Stage::new(model, chunks);
             stage.emulated_slowdown = self
                 .config
@@ -345,7 +446,6 @@ where
                 .get(index)
                 .copied()
                 .unwrap_or(1.0);
-            let optimizer = (self.optimizer)();
             let mut rule = MeanGradient::new(MixedPrecision::f32());
             if let Some(norm) = self.config.max_grad_norm {
                 rule = rule
@@ -442,6 +542,7 @@ fn finish<M: ImageClassifier>(
         step_time,
         predicted_step_time,
         params,
+        stopped_at: driven.stopped_at,
     })
 }
 

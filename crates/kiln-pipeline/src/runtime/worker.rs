@@ -12,6 +12,7 @@ use kiln_data::ImageBatch;
 use kiln_train::MeanGradient;
 
 use crate::runtime::PipelineError;
+use crate::runtime::checkpoint::{PartSender, hand_over};
 use crate::runtime::mailbox::{Carries, Mailbox, Message};
 use crate::runtime::stage::{Forwarded, Input, Stage};
 use crate::schedule::{Action, Schedule};
@@ -25,6 +26,9 @@ pub(crate) struct StepData {
     pub micro_batches: Vec<ImageBatch>,
     /// Samples of the whole step, over every data-parallel group: the gradient's divisor.
     pub samples: usize,
+    /// Whether a checkpoint follows the step (the first pipeline's stages hand over their
+    /// parts).
+    pub save: bool,
 }
 
 /// What a stage reports after a step.
@@ -60,6 +64,8 @@ pub(crate) struct Links<H> {
     pub pipeline: Option<Communicator>,
     /// The stage thread, in (data-parallel group, stage) order.
     pub thread: usize,
+    /// Where the stage's checkpoint parts go (the first pipeline's stages, with checkpoints).
+    pub parts: Option<PartSender>,
 }
 
 /// Runs `stage`'s part of `schedule` for every step the driver sends, until it stops
@@ -74,7 +80,7 @@ pub(crate) fn run_stage<M>(
     done: Sender<StepDone>,
 ) -> Result<Stage<M>, PipelineError>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
 {
     let last_virtual = schedule.virtual_stages() - 1;
     while let Ok(data) = steps.recv() {
@@ -191,6 +197,17 @@ where
                     )?;
                 }
             }
+        }
+        if data.save
+            && let Some(parts) = &links.parts
+        {
+            hand_over(
+                index,
+                &stage.model,
+                &update.optimizer,
+                &stage.owned_ids,
+                parts,
+            );
         }
         if done.send(report).is_err() {
             break; // the driver stopped
