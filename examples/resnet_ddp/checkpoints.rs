@@ -1,5 +1,5 @@
-//! `--run-dir`, `--checkpoint-every`, `--resume`: the data-parallel run recorded, saved and
-//! resumed.
+//! `--run-dir`, `--checkpoint-every`, `--resume`: the run (data parallel or pipelined)
+//! recorded, saved and resumed.
 
 use std::path::PathBuf;
 
@@ -11,16 +11,13 @@ use kiln::train::{RunLog, StepState, TrainError, TrainPosition};
 use crate::args::Args;
 
 /// The options whose state a checkpoint does not hold yet (set ones, by flag): local SGD's
-/// replicas, which differ between averagings, and pipeline stages.
+/// replicas, which differ between averagings.
 fn unsupported(args: &Args) -> Vec<&'static str> {
-    [
-        (args.local_sgd.is_some(), "--local-sgd"),
-        (args.pipeline.is_some(), "--pipeline"),
-    ]
-    .into_iter()
-    .filter(|(on, _)| *on)
-    .map(|(_, name)| name)
-    .collect()
+    [(args.local_sgd.is_some(), "--local-sgd")]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| name)
+        .collect()
 }
 
 /// Refuses checkpoint options this run cannot honour, and checkpoint options without
@@ -38,13 +35,16 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
     if args.max_restarts > 0 && args.comm == crate::args::CommArg::Mpi {
         return Err("--max-restarts restarts in-process runs; under MPI relaunch mpirun with --resume latest".into());
     }
-    if args.pipeline.is_some() && args.run_dir.is_some() {
-        return Err("--run-dir records data-parallel runs only yet (not --pipeline)".into());
+    if args.max_restarts > 0 && args.pipeline.is_some() {
+        return Err(
+            "--max-restarts restarts data-parallel runs; relaunch a pipeline with --resume latest"
+                .into(),
+        );
     }
     let named = unsupported(args);
     if (args.checkpoint_every.is_some() || args.resume.is_some()) && !named.is_empty() {
         return Err(format!(
-            "checkpoints (--checkpoint-every, --resume) do not support {} yet: they save data-parallel runs",
+            "checkpoints (--checkpoint-every, --resume) do not support {} yet: replicas differ between averagings",
             named.join(", ")
         ));
     }

@@ -153,6 +153,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         stop: checkpoints::stop_on_sigterm(&args)?,
     };
     if let Some(stages) = args.pipeline {
+        checkpoints::record_config(&args, None)?;
         let shape = pipeline::PipelineRun::by_hand(&args, stages);
         return pipeline::run(&args, &setup, devices, shape);
     }
@@ -175,9 +176,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 split,
                 ..
             } => {
-                if args.run_dir.is_some() || args.resume.is_some() {
+                if args.max_restarts > 0 {
                     return Err(format!(
-                        "the plan is a pipeline ({}), and checkpoints save data-parallel runs only yet: leave out --run-dir/--resume or pass --plan dp",
+                        "the plan is a pipeline ({}): --max-restarts restarts data-parallel runs (relaunch with --resume latest, or pass --plan dp)",
                         plan.summary()
                     )
                     .into());

@@ -102,13 +102,38 @@ pub fn run(
         split: shape.split.clone(),
         ..PipelineConfig::default()
     };
-    let report = Pipeline::new(devices).config(config).train(
-        build,
-        optimizer,
-        &schedule,
-        &mut loader,
-        steps,
-    )?;
+    // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the
+    // checkpoint's format is the same, so either resumes the other.
+    let identity = crate::checkpoints::identity(args, step_samples, steps);
+    let mut pipeline = Pipeline::new(devices).config(config);
+    if let Some(saver) = crate::checkpoints::saver(args, &identity, &args.devices) {
+        pipeline = pipeline.checkpoint(saver.layout(
+            "plan",
+            format!("{groups} x {stages}-stage pipeline, {kind}, {micro_batches} micro-batches"),
+        ));
+    }
+    let start = match &setup.resume_from {
+        Some(path) => {
+            let position = kiln::checkpoint::Manifest::read(path)?.position;
+            println!(
+                "resume: {} (step {}, epoch {}, step {} of it)",
+                path.display(),
+                position.step,
+                position.epoch,
+                position.step_in_epoch
+            );
+            pipeline = pipeline.resume(path, identity.clone());
+            kiln::train::TrainPosition::from(position)
+        }
+        None => kiln::train::TrainPosition::default(),
+    };
+    if let Some(flag) = &setup.stop {
+        pipeline = pipeline.stop_flag(flag.clone());
+    }
+    if let Some(log) = crate::checkpoints::run_log(args, &start)? {
+        pipeline = pipeline.observer(log);
+    }
+    let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
     println!(
@@ -150,5 +175,11 @@ pub fn run(
         "trained parameters fingerprint: {:016x}",
         kiln::core::fingerprint_values(&values)
     );
+    if let Some(stopped) = report.stopped_at {
+        println!(
+            "stopped at step {} by SIGTERM; continue with --resume latest",
+            stopped.step
+        );
+    }
     Ok(())
 }
