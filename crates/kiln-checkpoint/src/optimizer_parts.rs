@@ -71,12 +71,7 @@ pub fn optimizer_part_bytes(
     for (path, id) in ids {
         writer = writer.with_metadata(&format!("{PATH_KEY}{id}"), path);
     }
-    let bytes = writer
-        .into_bytes()
-        .map_err(|err| corrupt(err.to_string()))?;
-    Ok(bytes
-        .try_into_vec::<u8>()
-        .unwrap_or_else(|bytes| bytes.to_vec()))
+    crate::snapshot::encode(writer).map_err(|err| corrupt(err.to_string()))
 }
 
 /// One optimizer record holding every part's entries, re-keyed to the ids `ids` gives each
@@ -172,15 +167,10 @@ pub fn join_optimizer_parts(
     for (key, value) in &metadata {
         writer = writer.with_metadata(key, value);
     }
-    let bytes = writer
-        .into_bytes()
-        .map_err(|err| CheckpointError::Corrupt {
-            path: parts
-                .first()
-                .map_or_else(|| "optimizer state".into(), |(p, _)| p.to_path_buf()),
-            reason: format!("joining the optimizer's parts: {err}"),
-        })?;
-    Ok(bytes
-        .try_into_vec::<u8>()
-        .unwrap_or_else(|bytes| bytes.to_vec()))
+    crate::snapshot::encode(writer).map_err(|err| CheckpointError::Corrupt {
+        path: parts
+            .first()
+            .map_or_else(|| "optimizer state".into(), |(p, _)| p.to_path_buf()),
+        reason: format!("joining the optimizer's parts: {err}"),
+    })
 }

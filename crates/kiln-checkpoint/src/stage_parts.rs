@@ -73,12 +73,8 @@ pub fn join_model_parts(parts: &[(String, &[u8])]) -> Result<Vec<u8>, Checkpoint
     for (key, value) in &metadata {
         writer = writer.with_metadata(key, value);
     }
-    let bytes = writer
-        .into_bytes()
-        .map_err(|err| corrupt(MODEL_FILE, format!("joining the stages' modules: {err}")))?;
-    Ok(bytes
-        .try_into_vec::<u8>()
-        .unwrap_or_else(|bytes| bytes.to_vec()))
+    crate::snapshot::encode(writer)
+        .map_err(|err| corrupt(MODEL_FILE, format!("joining the stages' modules: {err}")))
 }
 
 impl Checkpointer {

@@ -588,3 +588,14 @@ fn weights_and_batch_norm_statistics_round_trip_exactly() {
     }
     assert_eq!(fingerprint(&restored), fingerprint(&trained));
 }
+
+#[test]
+fn model_bytes_are_what_burnpack_store_writes() {
+    use burn_store::{BurnpackStore, ModuleSnapshot};
+    let device = Device::flex().autodiff();
+    let model = model(&device);
+    let mut store = BurnpackStore::from_bytes(None);
+    model.valid().save_into(&mut store).unwrap();
+    let want = store.get_bytes().unwrap();
+    assert_eq!(crate::model_bytes(&model), &want[..]);
+}
