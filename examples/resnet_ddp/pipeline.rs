@@ -105,7 +105,16 @@ pub fn run(
     // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the
     // checkpoint's format is the same, so either resumes the other.
     let identity = crate::checkpoints::identity(args, step_samples, steps);
-    let mut pipeline = Pipeline::new(devices).config(config);
+    let valid_loader = DataLoader::builder(std::sync::Arc::clone(&setup.valid))
+        .batch_size(256)
+        .num_workers(args.workers)
+        .transforms(setup.valid_transforms.clone())
+        .device(devices[0].clone())
+        .build();
+    let mut pipeline = Pipeline::new(devices)
+        .config(config)
+        .valid_loader(valid_loader)
+        .log_epochs(true);
     if let Some(saver) = crate::checkpoints::saver(args, &identity, &args.devices) {
         pipeline = pipeline.checkpoint(saver.layout(
             "plan",

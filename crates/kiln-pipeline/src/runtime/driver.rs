@@ -33,6 +33,8 @@ pub(crate) struct Driven {
     pub step_time: Duration,
     /// Where a stop request ended the run.
     pub stopped_at: Option<TrainPosition>,
+    /// Every whole epoch's summary (validation included, with a validation loader).
+    pub epochs: Vec<EpochSummary>,
 }
 
 /// Where the run starts and ends, and what goes on around its steps.
@@ -45,6 +47,10 @@ pub(crate) struct Around<'a> {
     pub checkpoints: Option<(&'a Checkpointer, &'a mut Writes)>,
     pub stop: Option<&'a StopFlag>,
     pub observer: Option<&'a mut dyn TrainObserver>,
+    /// Validation data, run through the first pipeline after every epoch.
+    pub valid: Option<&'a mut DataLoader>,
+    /// Print every epoch's summary.
+    pub log_epochs: bool,
 }
 
 /// One epoch's running sums, for its summary.
@@ -79,6 +85,8 @@ pub(crate) fn drive(
         mut checkpoints,
         stop,
         mut observer,
+        mut valid,
+        log_epochs,
     } = around;
     let threads = step_senders.len();
     let groups = threads / stages.max(1);
@@ -140,6 +148,7 @@ pub(crate) fn drive(
                 micro_batches: cuts[thread / stages].clone(),
                 samples,
                 save,
+                evaluate: false,
             };
             if sender.send(data).is_err() {
                 return Err(PipelineError::PeerLost {
@@ -192,21 +201,32 @@ pub(crate) fn drive(
                     loss_scale: None,
                 })
                 .map_err(|err| PipelineError::Observer(err.to_string()))?;
-            if next.epoch > position.epoch {
-                let sums = std::mem::take(&mut sums);
+        }
+        if next.epoch > position.epoch {
+            let sums = std::mem::take(&mut sums);
+            let validation = match valid.as_deref_mut() {
+                Some(valid) => Some(validate(config, valid, to_stages)?),
+                None => None,
+            };
+            let summary = EpochSummary {
+                epoch: position.epoch,
+                train_loss: (sums.loss / sums.samples.max(1) as f64) as f32,
+                train_accuracy: sums.correct as f32 / sums.samples.max(1) as f32,
+                valid_loss: validation.map(|(loss, _)| loss),
+                valid_accuracy: validation.map(|(_, accuracy)| accuracy),
+                images_per_sec: sums.samples as f64 / sums.elapsed.as_secs_f64().max(1e-9),
+                elapsed: sums.elapsed,
+                data_wait: sums.data_wait,
+            };
+            if log_epochs {
+                println!("{summary}");
+            }
+            if let Some(observer) = observer.as_deref_mut() {
                 observer
-                    .on_epoch(&EpochSummary {
-                        epoch: position.epoch,
-                        train_loss: (sums.loss / sums.samples.max(1) as f64) as f32,
-                        train_accuracy: sums.correct as f32 / sums.samples.max(1) as f32,
-                        valid_loss: None,
-                        valid_accuracy: None,
-                        images_per_sec: sums.samples as f64 / sums.elapsed.as_secs_f64().max(1e-9),
-                        elapsed: sums.elapsed,
-                        data_wait: sums.data_wait,
-                    })
+                    .on_epoch(&summary)
                     .map_err(|err| PipelineError::Observer(err.to_string()))?;
             }
+            driven.epochs.push(summary);
         }
         if next.epoch > position.epoch && !finished {
             batches = loader.epoch(next.epoch as u64);
@@ -224,6 +244,53 @@ pub(crate) fn drive(
         writes.wait()?;
     }
     Ok(driven)
+}
+
+/// The validation loss and accuracy of `valid`'s batches, run forward through the first
+/// pipeline (its stage threads come first in (group, stage) order).
+fn validate(
+    config: &PipelineConfig,
+    valid: &mut DataLoader,
+    to_stages: &ToStages<'_>,
+) -> Result<(f32, f32), PipelineError> {
+    let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
+    for batch in valid.epoch(0) {
+        let batch = batch?;
+        let size = batch.indices.len();
+        let micro_batches = cut(batch, config.micro_batches.min(size).max(1))?;
+        for sender in &to_stages.step_senders[..to_stages.stages] {
+            let data = StepData {
+                lr: 0.0,
+                micro_batches: micro_batches.clone(),
+                samples: size,
+                save: false,
+                evaluate: true,
+            };
+            if sender.send(data).is_err() {
+                return Err(PipelineError::PeerLost {
+                    stage: to_stages.stages,
+                    what: "a stage to validate".into(),
+                });
+            }
+        }
+        for _ in 0..to_stages.stages {
+            let report = to_stages
+                .abort
+                .recv(to_stages.done, config.timeout)
+                .map_err(|_| PipelineError::PeerLost {
+                    stage: to_stages.stages,
+                    what: "a stage's validation report".into(),
+                })?;
+            loss_sum += report.loss_sum;
+            correct += report.correct;
+        }
+        samples += size;
+    }
+    let samples = samples.max(1) as f64;
+    Ok((
+        (loss_sum / samples) as f32,
+        (correct as f64 / samples) as f32,
+    ))
 }
 
 /// Adds `times` element-wise into `total` (which starts empty).

@@ -6,6 +6,7 @@ mod config;
 mod driver;
 mod empty;
 mod error;
+mod evaluate;
 mod mailbox;
 mod stage;
 mod train;
@@ -16,6 +17,6 @@ pub use error::PipelineError;
 pub use train::{Pipeline, PipelineReport, StageReport};
 
 #[cfg(test)]
-mod checkpoint_tests;
+mod run_tests;
 #[cfg(test)]
 mod tests;

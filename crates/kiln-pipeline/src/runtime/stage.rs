@@ -83,6 +83,27 @@ impl<M> Stage<M> {
     }
 }
 
+/// Runs `model`'s segments `range` (middles, then perhaps the output) on `hidden`: the
+/// hidden activation, or the logits once the output segment ran.
+fn through<M>(
+    model: &M,
+    segments: &[SegmentId],
+    range: Range<usize>,
+    mut hidden: M::Hidden,
+) -> Result<M::Hidden, Tensor<2>>
+where
+    M: Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+{
+    for index in range {
+        match segments[index] {
+            SegmentId::Input => unreachable!("the input segment is first and reads the images"),
+            SegmentId::Middle(k) => hidden = model.forward_middle(k, hidden),
+            SegmentId::Output => return Err(model.forward_output(hidden)),
+        }
+    }
+    Ok(hidden)
+}
+
 /// The parameters and buffers (whole-model paths) of `model`'s segments in `chunks`.
 pub(crate) fn owned_infos<M: Segmented>(model: &M, chunks: &[Range<usize>]) -> Vec<ParamInfo> {
     let segments = model.segments();
@@ -139,7 +160,7 @@ where
         let range = self.chunks[chunk].clone();
         // The first chunk starts with the input segment, which reads the images; the others
         // cut their input off the graph it came from, keeping the cut to return its gradient.
-        let (mut hidden, leaf, rest) = match input {
+        let (hidden, leaf, rest) = match input {
             Input::Images(images) => {
                 debug_assert_eq!(self.segments[range.start], SegmentId::Input);
                 (
@@ -153,29 +174,47 @@ where
                 (cut.clone(), Some(cut), range)
             }
         };
-        for index in rest {
-            match self.segments[index] {
-                SegmentId::Input => unreachable!("the input segment is first and reads the images"),
-                SegmentId::Middle(k) => hidden = self.model.forward_middle(k, hidden),
-                SegmentId::Output => {
-                    let logits = self.model.forward_output(hidden);
-                    let labels = labels.expect("the last stage has the labels");
-                    let loss = classification_loss(logits.clone(), labels.clone());
-                    let value = loss.clone().into_scalar::<f32>();
-                    let correct = count_correct(logits.detach(), labels);
-                    let forwarded = Forwarded {
-                        input: leaf,
-                        output: Output::Loss(Box::new(loss)),
-                    };
-                    return (forwarded, Some((value, correct)));
-                }
+        match through(&self.model, &self.segments, rest, hidden) {
+            Ok(hidden) => (
+                Forwarded {
+                    input: leaf,
+                    output: Output::Hidden(hidden),
+                },
+                None,
+            ),
+            Err(logits) => {
+                let labels = labels.expect("the last stage has the labels");
+                let loss = classification_loss(logits.clone(), labels.clone());
+                let value = loss.clone().into_scalar::<f32>();
+                let correct = count_correct(logits.detach(), labels);
+                let forwarded = Forwarded {
+                    input: leaf,
+                    output: Output::Loss(Box::new(loss)),
+                };
+                (forwarded, Some((value, correct)))
             }
         }
-        let forwarded = Forwarded {
-            input: leaf,
-            output: Output::Hidden(hidden),
+    }
+
+    /// Chunk `chunk`'s forward on `model` (the stage's inference copy, no graph): its output,
+    /// or on the model's last segment the loss and correct predictions against `labels`.
+    pub(crate) fn evaluate(
+        &self,
+        model: &M,
+        chunk: usize,
+        input: Input<M::Hidden>,
+        labels: Option<Tensor<1, Int>>,
+    ) -> Result<M::Hidden, (f32, usize)> {
+        let range = self.chunks[chunk].clone();
+        let (hidden, rest) = match input {
+            Input::Images(images) => (model.forward_input(*images), range.start + 1..range.end),
+            Input::Hidden(hidden) => (hidden, range),
         };
-        (forwarded, None)
+        through(model, &self.segments, rest, hidden).map_err(|logits| {
+            let labels = labels.expect("the last stage has the labels");
+            let loss = classification_loss(logits.clone(), labels.clone()).into_scalar::<f32>();
+            (loss, count_correct(logits, labels))
+        })
     }
 
     /// Backward of chunk `chunk` from its output's gradient `upstream` (none on the last

@@ -14,7 +14,7 @@ use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity, resume_owning};
 use kiln_comm::{Communicator, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
 use kiln_data::DataLoader;
-use kiln_train::{LrSchedule, MeanGradient, StopFlag, TrainObserver, TrainPosition};
+use kiln_train::{EpochSummary, LrSchedule, MeanGradient, StopFlag, TrainObserver, TrainPosition};
 
 use crate::runtime::checkpoint::Writes;
 use crate::runtime::driver::{Around, Driven, ToStages, drive};
@@ -59,6 +59,9 @@ pub struct PipelineReport {
     /// Where a stop request ([`Pipeline::stop_flag`]) ended the run, if one did (after a
     /// checkpoint, when the run has them).
     pub stopped_at: Option<TrainPosition>,
+    /// Every whole epoch's summary: training loss and accuracy, and validation through the
+    /// pipeline with [`Pipeline::valid_loader`].
+    pub epochs: Vec<EpochSummary>,
 }
 
 impl PipelineReport {
@@ -103,6 +106,8 @@ pub struct Pipeline {
     resume: Option<(PathBuf, RunIdentity)>,
     stop: Option<StopFlag>,
     observer: Mutex<Option<Box<dyn TrainObserver>>>,
+    valid: Mutex<Option<DataLoader>>,
+    log_epochs: bool,
 }
 
 impl Pipeline {
@@ -115,6 +120,8 @@ impl Pipeline {
             resume: None,
             stop: None,
             observer: Mutex::new(None),
+            valid: Mutex::new(None),
+            log_epochs: false,
         }
     }
 
@@ -146,6 +153,21 @@ impl Pipeline {
     /// has them): [`PipelineReport::stopped_at`] says where.
     pub fn stop_flag(mut self, flag: StopFlag) -> Self {
         self.stop = Some(flag);
+        self
+    }
+
+    /// Validates on `loader`'s batches after every epoch, forward through the first pipeline
+    /// (each cut into micro-batches, the stages' batch-norm running statistics used): the
+    /// epoch summaries' validation loss and accuracy. Build its batches on an inference
+    /// device (without autodiff).
+    pub fn valid_loader(self, loader: DataLoader) -> Self {
+        *self.valid.lock().unwrap_or_else(|p| p.into_inner()) = Some(loader);
+        self
+    }
+
+    /// Prints every epoch's summary as the trainer does (default: off).
+    pub fn log_epochs(mut self, log: bool) -> Self {
+        self.log_epochs = log;
         self
     }
 
@@ -278,12 +300,15 @@ impl Pipeline {
                 stages,
             };
             let mut observer = self.observer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut valid = self.valid.lock().unwrap_or_else(|p| p.into_inner());
             let around = Around {
                 start,
                 steps,
                 checkpoints: self.checkpointer.as_ref().map(|c| (c, &mut writes)),
                 stop: self.stop.as_ref(),
                 observer: observer.as_deref_mut().map(|o| o as &mut dyn TrainObserver),
+                valid: valid.as_mut(),
+                log_epochs: self.log_epochs,
             };
             let driven = drive(&self.config, schedule, loader, around, &to_stages);
             if driven.is_err() {
@@ -543,6 +568,7 @@ fn finish<M: ImageClassifier>(
         predicted_step_time,
         params,
         stopped_at: driven.stopped_at,
+        epochs: driven.epochs,
     })
 }
 

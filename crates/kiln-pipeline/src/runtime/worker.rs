@@ -13,6 +13,7 @@ use kiln_train::MeanGradient;
 
 use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{PartSender, hand_over};
+use crate::runtime::evaluate::evaluate;
 use crate::runtime::mailbox::{Carries, Mailbox, Message};
 use crate::runtime::stage::{Forwarded, Input, Stage};
 use crate::schedule::{Action, Schedule};
@@ -29,6 +30,8 @@ pub(crate) struct StepData {
     /// Whether a checkpoint follows the step (the first pipeline's stages hand over their
     /// parts).
     pub save: bool,
+    /// Not a training step: the micro-batches are validation data, run forward only.
+    pub evaluate: bool,
 }
 
 /// What a stage reports after a step.
@@ -84,6 +87,13 @@ where
 {
     let last_virtual = schedule.virtual_stages() - 1;
     while let Ok(data) = steps.recv() {
+        if data.evaluate {
+            let report = evaluate(index, &stage, schedule, &mut links, &data)?;
+            if done.send(report).is_err() {
+                break; // the driver stopped
+            }
+            continue;
+        }
         let sizes: Vec<usize> = data.micro_batches.iter().map(|b| b.indices.len()).collect();
         let mut report = StepDone {
             thread: links.thread,

@@ -1,6 +1,7 @@
-//! A pipeline's checkpoints: resumed, the run continues bit for bit; the checkpoint is of the
-//! data-parallel format, so it resumes under another plan (another split and schedule, one
-//! device accumulating the micro-batches) and a one-device checkpoint resumes as a pipeline.
+//! A pipeline as a whole run. Its checkpoints: resumed, the run continues bit for bit; the
+//! checkpoint is of the data-parallel format, so it resumes under another plan (another split
+//! and schedule, one device accumulating the micro-batches) and a one-device checkpoint
+//! resumes as a pipeline. A stop request. Validation through the pipeline.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -321,5 +322,65 @@ fn a_stop_request_ends_the_pipeline_after_the_step_with_a_checkpoint() {
     );
     for d in ["stop", "stop-whole", "stop-again"] {
         std::fs::remove_dir_all(scratch(d)).ok();
+    }
+}
+
+fn valid_loader() -> DataLoader {
+    DataLoader::builder(SyntheticImages::new(40, 4, 9, [3, 8, 8]))
+        .batch_size(16)
+        .device(Device::flex())
+        .build()
+}
+
+#[test]
+fn validation_through_the_pipeline_scores_like_one_device() {
+    // One device accumulating the same micro-batches, validated after each epoch.
+    let (_, report) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+        .schedule(schedule())
+        .train_loader(loader(BATCH / MICRO))
+        .accumulation_steps(MICRO)
+        .valid_loader(valid_loader())
+        .max_steps(8)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    let want: Vec<(f32, f32)> = report
+        .epochs
+        .iter()
+        .map(|e| (e.valid_loss.unwrap(), e.valid_accuracy.unwrap()))
+        .collect();
+    assert_eq!(want.len(), 2);
+    // 2 stages, and 2 stages of 2 interleaved chunks each (activations cross back to stage
+    // 0); the validation batches (16, 16, 8) are cut into up to 4 micro-batches.
+    for kind in [
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved { virtual_stages: 2 },
+    ] {
+        let config = PipelineConfig {
+            schedule: kind,
+            micro_batches: MICRO,
+            ..PipelineConfig::default()
+        };
+        let got = Pipeline::new(vec![Device::flex(); 2])
+            .config(config)
+            .valid_loader(valid_loader())
+            .train(build, optimizer, &schedule(), &mut loader(BATCH), 8)
+            .unwrap();
+        let got: Vec<(f32, f32)> = got
+            .epochs
+            .iter()
+            .map(|e| (e.valid_loss.unwrap(), e.valid_accuracy.unwrap()))
+            .collect();
+        for ((loss, accuracy), (want_loss, want_accuracy)) in got.iter().zip(&want) {
+            assert!(
+                (loss - want_loss).abs() <= 1e-5 * want_loss.abs().max(1.0),
+                "{kind}: validation loss {loss} vs one device {want_loss}"
+            );
+            assert_eq!(accuracy, want_accuracy, "{kind}");
+        }
+        assert_eq!(got.len(), want.len());
     }
 }
