@@ -9,7 +9,7 @@ use kiln_core::{ImageClassifier, Segmented};
 
 use crate::runtime::PipelineError;
 use crate::runtime::mailbox::{Carries, Message};
-use crate::runtime::stage::{Input, Stage};
+use crate::runtime::stage::{Evaluated, Input, Stage};
 use crate::runtime::worker::{Links, StepData, StepDone};
 use crate::schedule::Schedule;
 
@@ -49,11 +49,11 @@ where
             };
             let labels = (virtual_stage == last).then(|| batch.labels.clone());
             match stage.evaluate(&model, chunk, input, labels) {
-                Err((loss, correct)) => {
+                Evaluated::Scored { loss, correct } => {
                     report.loss_sum += f64::from(loss) * batch.indices.len() as f64;
                     report.correct += correct;
                 }
-                Ok(hidden) => {
+                Evaluated::Hidden(hidden) => {
                     let to = (virtual_stage + 1) % stages;
                     if to == index {
                         kept = Some(hidden);

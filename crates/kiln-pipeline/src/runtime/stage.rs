@@ -83,14 +83,29 @@ impl<M> Stage<M> {
     }
 }
 
-/// Runs `model`'s segments `range` (middles, then perhaps the output) on `hidden`: the
-/// hidden activation, or the logits once the output segment ran.
+/// Where running a chunk's segments ended.
+enum Reached<H> {
+    /// A hidden activation, for the next virtual stage.
+    Hidden(H),
+    /// The model's logits: the chunk holds the output segment.
+    Logits(Box<Tensor<2>>),
+}
+
+/// What evaluating a chunk gives.
+pub(crate) enum Evaluated<H> {
+    /// The activation for the next virtual stage.
+    Hidden(H),
+    /// On the model's last segment: the mean loss and the correct predictions.
+    Scored { loss: f32, correct: usize },
+}
+
+/// Runs `model`'s segments `range` (middles, then perhaps the output) on `hidden`.
 fn through<M>(
     model: &M,
     segments: &[SegmentId],
     range: Range<usize>,
     mut hidden: M::Hidden,
-) -> Result<M::Hidden, Tensor<2>>
+) -> Reached<M::Hidden>
 where
     M: Segmented<Input = Tensor<4>, Output = Tensor<2>>,
 {
@@ -98,10 +113,12 @@ where
         match segments[index] {
             SegmentId::Input => unreachable!("the input segment is first and reads the images"),
             SegmentId::Middle(k) => hidden = model.forward_middle(k, hidden),
-            SegmentId::Output => return Err(model.forward_output(hidden)),
+            SegmentId::Output => {
+                return Reached::Logits(Box::new(model.forward_output(hidden)));
+            }
         }
     }
-    Ok(hidden)
+    Reached::Hidden(hidden)
 }
 
 /// The parameters and buffers (whole-model paths) of `model`'s segments in `chunks`.
@@ -175,16 +192,16 @@ where
             }
         };
         match through(&self.model, &self.segments, rest, hidden) {
-            Ok(hidden) => (
+            Reached::Hidden(hidden) => (
                 Forwarded {
                     input: leaf,
                     output: Output::Hidden(hidden),
                 },
                 None,
             ),
-            Err(logits) => {
+            Reached::Logits(logits) => {
                 let labels = labels.expect("the last stage has the labels");
-                let loss = classification_loss(logits.clone(), labels.clone());
+                let loss = classification_loss((*logits).clone(), labels.clone());
                 let value = loss.clone().into_scalar::<f32>();
                 let correct = count_correct(logits.detach(), labels);
                 let forwarded = Forwarded {
@@ -204,17 +221,23 @@ where
         chunk: usize,
         input: Input<M::Hidden>,
         labels: Option<Tensor<1, Int>>,
-    ) -> Result<M::Hidden, (f32, usize)> {
+    ) -> Evaluated<M::Hidden> {
         let range = self.chunks[chunk].clone();
         let (hidden, rest) = match input {
             Input::Images(images) => (model.forward_input(*images), range.start + 1..range.end),
             Input::Hidden(hidden) => (hidden, range),
         };
-        through(model, &self.segments, rest, hidden).map_err(|logits| {
-            let labels = labels.expect("the last stage has the labels");
-            let loss = classification_loss(logits.clone(), labels.clone()).into_scalar::<f32>();
-            (loss, count_correct(logits, labels))
-        })
+        match through(model, &self.segments, rest, hidden) {
+            Reached::Hidden(hidden) => Evaluated::Hidden(hidden),
+            Reached::Logits(logits) => {
+                let labels = labels.expect("the last stage has the labels");
+                let loss = classification_loss((*logits).clone(), labels.clone());
+                Evaluated::Scored {
+                    loss: loss.into_scalar::<f32>(),
+                    correct: count_correct(*logits, labels),
+                }
+            }
+        }
     }
 
     /// Backward of chunk `chunk` from its output's gradient `upstream` (none on the last
