@@ -326,6 +326,10 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
         );
     }
     let dp_only = data_parallel_only(args);
+    // Pipelines also train in mixed precision; `auto` plans it data parallel (the planner
+    // profiles f32).
+    let pipeline_unsupported: Vec<&str> =
+        dp_only.iter().copied().filter(|o| *o != "--amp").collect();
     let planned_pipeline = matches!(
         args.plan,
         PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }
@@ -342,10 +346,10 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
                     .into(),
             );
         }
-        if !dp_only.is_empty() {
+        if !pipeline_unsupported.is_empty() {
             return Err(format!(
-                "--pipeline does not support {} yet: it trains f32 pipelines in this process",
-                dp_only.join(", ")
+                "--pipeline does not support {} yet: it trains pipelines in this process",
+                pipeline_unsupported.join(", ")
             ));
         }
     } else {
@@ -355,16 +359,18 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
                     .into(),
             );
         }
-        if planned_pipeline && !dp_only.is_empty() {
+        if planned_pipeline && !pipeline_unsupported.is_empty() {
             return Err(format!(
                 "--plan {} is a pipeline, which does not support {} yet",
                 plan_text(&args.plan),
-                dp_only.join(", ")
+                pipeline_unsupported.join(", ")
             ));
         }
         let pipeline_choices =
             args.show_schedule || args.micro_batches.is_some() || args.schedule.is_some();
-        if pipeline_choices && (args.plan == PlanRequest::DataParallel || !dp_only.is_empty()) {
+        let data_parallel =
+            args.plan == PlanRequest::DataParallel || (!planned_pipeline && !dp_only.is_empty());
+        if pipeline_choices && data_parallel {
             return Err(
                 "--micro-batches, --schedule and --show-schedule describe a pipeline; this run is data parallel (--plan dp or data-parallel options)"
                     .into(),

@@ -100,6 +100,7 @@ pub fn run(
         data_parallel: groups,
         max_grad_norm: args.clip_grad_norm,
         split: shape.split.clone(),
+        precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
         ..PipelineConfig::default()
     };
     // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the
@@ -184,6 +185,15 @@ pub fn run(
         "trained parameters fingerprint: {:016x}",
         kiln::core::fingerprint_values(&values)
     );
+    if args.amp.precision() != kiln::amp::Precision::F32 {
+        println!(
+            "AMP {}: loss scale {}, {} of {} steps skipped",
+            args.amp.precision(),
+            report.amp.scale,
+            report.amp.skipped,
+            report.amp.steps
+        );
+    }
     if let Some(stopped) = report.stopped_at {
         println!(
             "stopped at step {} by SIGTERM; continue with --resume latest",

@@ -26,6 +26,8 @@ pub struct StagePart {
     pub optimizer: Vec<u8>,
     /// The id of each parameter the stage owns, by path.
     pub ids: BTreeMap<String, u64>,
+    /// Its gradient step's state (the loss scaler; every stage holds the same).
+    pub step_state: StepState,
 }
 
 /// One burnpack module holding, for every tensor, the part whose copy is not empty (a
@@ -125,7 +127,8 @@ fn write_stages(
         ),
         (
             STEP_STATE_FILE.to_string(),
-            serde_json::to_vec_pretty(&StepState::Null).expect("JSON serialises"),
+            serde_json::to_vec_pretty(parts.first().map_or(&StepState::Null, |p| &p.step_state))
+                .expect("JSON serialises"),
         ),
     ];
     for (name, part) in manifest.optimizer.clone().into_iter().zip(parts) {

@@ -16,19 +16,18 @@ use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{
     CheckpointError, Checkpointer, StagePart, model_bytes, optimizer_part_bytes,
 };
-use kiln_train::TrainPosition;
+use kiln_train::{StepState, TrainPosition};
 
 use crate::runtime::PipelineError;
 
 /// Where stages send their parts: `(stage, part or why it failed)`.
 pub(crate) type PartSender = Sender<(usize, Result<StagePart, String>)>;
 
-/// Stage `stage` hands over its `model` and `optimizer` state (`owned`: its parameters' ids
-/// by path), encoded on a thread of its own.
+/// Stage `stage` hands over its `model`, `optimizer` state and step state (the loss
+/// scaler; `owned`: its parameters' ids by path), encoded on a thread of its own.
 pub(crate) fn hand_over<M: Module + 'static>(
     stage: usize,
-    model: &M,
-    optimizer: &ModuleOptimizer,
+    (model, optimizer, step_state): (&M, &ModuleOptimizer, StepState),
     owned: &BTreeMap<String, u64>,
     to: &PartSender,
 ) {
@@ -44,6 +43,7 @@ pub(crate) fn hand_over<M: Module + 'static>(
                     model: model_bytes(&model),
                     optimizer,
                     ids,
+                    step_state,
                 })
                 .map_err(|err| err.to_string());
             let _ = sender.send((stage, part));

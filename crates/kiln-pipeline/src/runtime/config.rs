@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use kiln_amp::MixedPrecision;
+
 use crate::runtime::PipelineError;
 use crate::schedule::ScheduleKind;
 
@@ -36,6 +38,12 @@ pub struct PipelineConfig {
     /// as a device that many times slower would take, and counts the wait as compute. For
     /// benchmarks and tests of plans for heterogeneous devices; empty (the default): none.
     pub emulated_slowdown: Vec<f64>,
+    /// Mixed precision (default f32): each stage computes on a working copy of its f32
+    /// master parameters cast once per step, activations and their gradients cross stages
+    /// in that precision, the loss runs in f32 on the last stage, and with a loss scaler
+    /// (f16) the stages agree on whether a step's gradients are finite, so every stage (and
+    /// every data-parallel copy) skips the same steps and keeps the same scale.
+    pub precision: MixedPrecision,
 }
 
 impl Default for PipelineConfig {
@@ -49,6 +57,7 @@ impl Default for PipelineConfig {
             data_parallel: 1,
             max_grad_norm: None,
             emulated_slowdown: Vec::new(),
+            precision: MixedPrecision::f32(),
         }
     }
 }

@@ -17,6 +17,8 @@ pub use error::PipelineError;
 pub use train::{Pipeline, PipelineReport, StageReport};
 
 #[cfg(test)]
+mod precision_tests;
+#[cfg(test)]
 mod run_tests;
 #[cfg(test)]
 mod tests;

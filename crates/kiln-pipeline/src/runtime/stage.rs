@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Gradients, Int, Tensor};
+use kiln_amp::{AmpStats, MixedPrecision};
 use kiln_comm::{Communicator, ReduceOp};
 use kiln_core::{
     Activation, FlatLayout, GradWriter, ImageClassifier, ParamInfo, SegmentId, Segmented,
@@ -60,6 +61,8 @@ pub(crate) struct Stage<M> {
     pub emulated_slowdown: f64,
     /// The id of every parameter and buffer it holds, by whole-model path.
     pub owned_ids: std::collections::BTreeMap<String, u64>,
+    /// What mixed precision did (steps, skipped steps, the loss scale), once trained.
+    pub amp: AmpStats,
 }
 
 impl<M> Stage<M> {
@@ -163,17 +166,24 @@ where
             param_bytes,
             emulated_slowdown: 1.0,
             owned_ids,
+            amp: AmpStats::default(),
         }
     }
 
     /// Runs chunk `chunk`'s segments on `input`; on the model's last segment, the loss
     /// against `labels` (returns its value and correct predictions too).
+    ///
+    /// `working` is the step's working copy under mixed precision (`None`: the f32 master
+    /// itself); `precision` casts the images, takes the logits in f32 and scales the loss.
     pub(crate) fn forward(
         &self,
+        working: Option<&M>,
+        precision: &MixedPrecision,
         chunk: usize,
         input: Input<M::Hidden>,
         labels: Option<Tensor<1, Int>>,
     ) -> (Forwarded<M::Hidden>, Option<(f32, usize)>) {
+        let model = working.unwrap_or(&self.model);
         let range = self.chunks[chunk].clone();
         // The first chunk starts with the input segment, which reads the images; the others
         // cut their input off the graph it came from, keeping the cut to return its gradient.
@@ -181,7 +191,7 @@ where
             Input::Images(images) => {
                 debug_assert_eq!(self.segments[range.start], SegmentId::Input);
                 (
-                    self.model.forward_input(*images),
+                    model.forward_input(precision.input(*images)),
                     None,
                     range.start + 1..range.end,
                 )
@@ -191,7 +201,7 @@ where
                 (cut.clone(), Some(cut), range)
             }
         };
-        match through(&self.model, &self.segments, rest, hidden) {
+        match through(model, &self.segments, rest, hidden) {
             Reached::Hidden(hidden) => (
                 Forwarded {
                     input: leaf,
@@ -201,12 +211,13 @@ where
             ),
             Reached::Logits(logits) => {
                 let labels = labels.expect("the last stage has the labels");
-                let loss = classification_loss((*logits).clone(), labels.clone());
+                let logits = precision.logits(*logits);
+                let loss = classification_loss(logits.clone(), labels.clone());
                 let value = loss.clone().into_scalar::<f32>();
                 let correct = count_correct(logits.detach(), labels);
                 let forwarded = Forwarded {
                     input: leaf,
-                    output: Output::Loss(Box::new(loss)),
+                    output: Output::Loss(Box::new(precision.scaled_loss(loss))),
                 };
                 (forwarded, Some((value, correct)))
             }
@@ -241,10 +252,11 @@ where
     }
 
     /// Backward of chunk `chunk` from its output's gradient `upstream` (none on the last
-    /// virtual stage), adding its parameters' gradients × `weight`; returns the gradient of
-    /// its input.
+    /// virtual stage), adding its parameters' gradients (of `working`, the step's working
+    /// copy, when there is one) widened to f32 × `weight`; returns the gradient of its input.
     pub(crate) fn backward(
         &mut self,
+        working: Option<&M>,
         stage: usize,
         chunk: usize,
         forwarded: Forwarded<M::Hidden>,
@@ -265,8 +277,9 @@ where
             })?),
             None => None,
         };
+        let model = working.unwrap_or(&self.model);
         for index in self.chunks[chunk].clone() {
-            self.model.visit_segment(
+            model.visit_segment(
                 self.segments[index],
                 &mut GradWriter {
                     grads: &mut grads,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
-use kiln_amp::MixedPrecision;
+use kiln_amp::AmpStats;
 use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity, resume_owning};
 use kiln_comm::{Communicator, InProcessGroup};
 use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
@@ -62,6 +62,9 @@ pub struct PipelineReport {
     /// Every whole epoch's summary: training loss and accuracy, and validation through the
     /// pipeline with [`Pipeline::valid_loader`].
     pub epochs: Vec<EpochSummary>,
+    /// What mixed precision did ([`PipelineConfig::precision`]): steps, skipped steps and
+    /// the loss scale, the same on every stage (they agree on every skip).
+    pub amp: AmpStats,
 }
 
 impl PipelineReport {
@@ -240,13 +243,15 @@ impl Pipeline {
         // with clipping, the stages of each pipeline agree on the whole gradient's norm.
         let timeout = self.config.timeout;
         let replicas = communicators(groups, stages, timeout, Members::CopiesOfAStage, groups > 1);
-        let clipping = self.config.max_grad_norm.is_some() && stages > 1;
+        // Clipping and mixed precision check the whole model's gradient: its stages agree.
+        let agreeing =
+            (self.config.max_grad_norm.is_some() || !self.config.precision.is_f32()) && stages > 1;
         let pipelines = communicators(
             groups,
             stages,
             timeout,
             Members::StagesOfAPipeline,
-            clipping,
+            agreeing,
         );
         let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
             (0..total).map(|_| bounded(1)).unzip();
@@ -449,6 +454,7 @@ where
                 .segments_per_virtual_stage(model.segments().len(), stages)?;
             let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
             let mut optimizer = (self.optimizer)();
+            let mut step_state = kiln_train::StepState::Null;
             // Resumed: the checkpoint's parameters, and the optimizer state of the stage's own.
             let model = match self.resume {
                 None => model,
@@ -461,6 +467,7 @@ where
                     let resumed = resume_owning(path, identity, model, optimizer, &owned)
                         .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
                     optimizer = resumed.optimizer;
+                    step_state = resumed.step_state;
                     resumed.model
                 }
             };
@@ -471,12 +478,15 @@ where
                 .get(index)
                 .copied()
                 .unwrap_or(1.0);
-            let mut rule = MeanGradient::new(MixedPrecision::f32());
+            let mut rule = MeanGradient::new(self.config.precision.clone());
             if let Some(norm) = self.config.max_grad_norm {
                 rule = rule
                     .with_max_norm(norm)
                     .map_err(|err| PipelineError::Config(err.to_string()))?;
             }
+            // The loss scaler continues where the checkpoint left it.
+            rule.restore_state(&step_state)
+                .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
             let update = Update { optimizer, rule };
             run_stage(
                 index, stage, self.plan, update, self.links, self.steps, self.done,
@@ -533,6 +543,7 @@ fn finish<M: ImageClassifier>(
     let step_time = driven.step_time / steps_timed;
     // The data-parallel groups' stages mirror each other: report the first group's.
     trained.truncate(plan.stages());
+    let amp = trained.first().map(|stage| stage.amp).unwrap_or_default();
     let mut params = HashMap::new();
     let mut stages = Vec::with_capacity(trained.len());
     for (index, stage) in trained.into_iter().enumerate() {
@@ -569,6 +580,7 @@ fn finish<M: ImageClassifier>(
         params,
         stopped_at: driven.stopped_at,
         epochs: driven.epochs,
+        amp,
     })
 }
 

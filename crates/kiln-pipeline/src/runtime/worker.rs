@@ -107,6 +107,9 @@ where
         let mut forwarded: HashMap<(usize, usize), Forwarded<M::Hidden>> = HashMap::new();
         let mut input_grads: HashMap<(usize, usize), M::Hidden> = HashMap::new();
         let mut in_flight = 0usize;
+        // Mixed precision: the stage's parameters cast once per step (f32: the master).
+        let precision = update.rule.precision().clone();
+        let mut working = precision.working_copy(&stage.model);
         for action in schedule.actions(index) {
             match *action {
                 Action::Forward { micro, chunk } => {
@@ -125,7 +128,8 @@ where
                     let labels = (virtual_stage == last_virtual)
                         .then(|| data.micro_batches[micro].labels.clone());
                     let start = Instant::now();
-                    let (state, loss) = stage.forward(chunk, input, labels);
+                    let (state, loss) =
+                        stage.forward(working.as_ref(), &precision, chunk, input, labels);
                     let elapsed = stage.emulate(start.elapsed());
                     report.forward[chunk] += elapsed;
                     if let Some((loss, correct)) = loss {
@@ -173,8 +177,9 @@ where
                         .remove(&(micro, chunk))
                         .expect("forward ran first");
                     let start = Instant::now();
+                    let weight = precision.gradient_weight(sizes[micro]);
                     let grad =
-                        stage.backward(index, chunk, state, upstream, sizes[micro] as f32)?;
+                        stage.backward(working.as_ref(), index, chunk, state, upstream, weight)?;
                     let elapsed = stage.emulate(start.elapsed());
                     report.backward[chunk] += elapsed;
                     in_flight -= 1;
@@ -197,6 +202,7 @@ where
                     }
                 }
                 Action::OptimizerStep => {
+                    working = None; // the step is done with it
                     stage = stage.step(
                         index,
                         &mut update.rule,
@@ -211,10 +217,10 @@ where
         if data.save
             && let Some(parts) = &links.parts
         {
+            let step_state = update.rule.saved_state();
             hand_over(
                 index,
-                &stage.model,
-                &update.optimizer,
+                (&stage.model, &update.optimizer, step_state),
                 &stage.owned_ids,
                 parts,
             );
@@ -223,6 +229,11 @@ where
             break; // the driver stopped
         }
     }
+    stage.amp = *update
+        .rule
+        .stats()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     Ok(stage)
 }
 

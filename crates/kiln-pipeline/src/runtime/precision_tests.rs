@@ -1,0 +1,182 @@
+//! Mixed precision in a pipeline: each stage computes on a working copy of its f32 master
+//! parameters, so a bf16 pipeline trains like one device in bf16 accumulating the same
+//! micro-batches; under f16 the stages agree on every skipped step, and a checkpoint keeps
+//! the loss scale.
+
+use std::collections::HashMap;
+
+use burn::module::Module;
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln_amp::{GradScaler, GradScalerConfig, MixedPrecision, Precision};
+use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity};
+use kiln_core::{init_module, param_infos, read_params};
+use kiln_data::{DataLoader, SyntheticImages};
+use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_train::{LocalStep, LrSchedule, Trainer};
+
+use crate::schedule::ScheduleKind;
+use crate::{Pipeline, PipelineConfig, PipelineReport};
+
+const BATCH: usize = 24;
+const MICRO: usize = 4;
+const STEPS: usize = 4;
+/// Relative error allowed on parameter changes against one device in the same precision
+/// (measured here: equal bit for bit; the control, an f32 pipeline: 1.0).
+const TOLERANCE: f64 = 1e-4;
+
+fn build(device: &Device) -> ResNet {
+    init_module(device, 13, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(2)
+            .init(device)
+    })
+}
+
+fn optimizer() -> burn::optim::ModuleOptimizer {
+    SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .init()
+}
+
+fn loader(batch: usize) -> DataLoader {
+    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
+        .batch_size(batch)
+        .shuffle(2)
+        .drop_last(true)
+        .device(Device::flex().autodiff())
+        .build()
+}
+
+fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
+    let layout = kiln_core::FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
+    let flat = read_params(model, &layout);
+    layout
+        .entries()
+        .iter()
+        .map(|e| {
+            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
+            (e.info.path.clone(), values)
+        })
+        .collect()
+}
+
+fn pipeline(precision: MixedPrecision, steps: usize) -> PipelineReport {
+    let config = PipelineConfig {
+        schedule: ScheduleKind::OneFOneB,
+        micro_batches: MICRO,
+        precision,
+        ..PipelineConfig::default()
+    };
+    Pipeline::new(vec![Device::flex(); 2])
+        .config(config)
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(BATCH),
+            steps,
+        )
+        .unwrap()
+}
+
+fn one_device(precision: MixedPrecision) -> HashMap<String, Vec<f32>> {
+    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+        .gradient_step(LocalStep::new().with_precision(precision))
+        .schedule(LrSchedule::constant(0.1))
+        .train_loader(loader(BATCH / MICRO))
+        .accumulation_steps(MICRO)
+        .max_steps(STEPS)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    by_path(&model)
+}
+
+fn change_error(
+    start: &HashMap<String, Vec<f32>>,
+    want: &HashMap<String, Vec<f32>>,
+    got: &HashMap<String, Vec<f32>>,
+) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (path, s) in start {
+        for ((s, w), g) in s.iter().zip(&want[path]).zip(&got[path]) {
+            let (dw, dg) = (f64::from(w - s), f64::from(g - s));
+            diff += (dw - dg).powi(2);
+            norm += dw.powi(2);
+        }
+    }
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+#[test]
+fn a_bf16_pipeline_trains_like_one_device_in_bf16_accumulating_the_micro_batches() {
+    let start = by_path(&build(&Device::flex().autodiff()));
+    let bf16 = || MixedPrecision::new(Precision::Bf16);
+    let want = one_device(bf16());
+    let got = pipeline(bf16(), STEPS);
+    let error = change_error(&start, &want, &got.params);
+    assert!(
+        error <= TOLERANCE,
+        "bf16 pipeline against one device: {error:e}"
+    );
+    assert_eq!(got.amp.steps, STEPS, "every stage counted its steps");
+    // The control: an f32 pipeline differs from bf16 training beyond the tolerance.
+    let f32_run = pipeline(MixedPrecision::f32(), STEPS);
+    let control = change_error(&start, &want, &f32_run.params);
+    assert!(control > 10.0 * TOLERANCE, "control: {control:e}");
+}
+
+#[test]
+fn under_f16_every_stage_skips_an_overflowing_step_and_a_checkpoint_keeps_the_scale() {
+    // A scale of 2^40 overflows f16 gradients on the first backward: both stages must skip
+    // (the second stage's gradients may well be finite) and halve their scale alike.
+    let planted = || {
+        MixedPrecision::new(Precision::F16).with_scaler(GradScaler::new(GradScalerConfig {
+            init_scale: 2f32.powi(40),
+            ..GradScalerConfig::default()
+        }))
+    };
+    let start = by_path(&build(&Device::flex().autodiff()));
+    let one = pipeline(planted(), 1);
+    assert_eq!(one.params, start, "the skipped step changed nothing");
+    assert_eq!((one.amp.steps, one.amp.skipped), (1, 1));
+    assert_eq!(one.amp.scale, 2f32.powi(39));
+    // Checkpointed at step 2 and resumed, the run (its scale included) continues bit for bit.
+    let dir = std::env::temp_dir().join(format!("kiln-pipe-f16-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let identity = RunIdentity::new("resnet18 width 2").with("precision", "f16");
+    let run = |from: Option<std::path::PathBuf>| {
+        let config = PipelineConfig {
+            micro_batches: MICRO,
+            precision: planted(),
+            ..PipelineConfig::default()
+        };
+        let saver = Checkpointer::new(CheckpointStore::new(&dir, 10), 2, identity.clone());
+        let mut pipeline = Pipeline::new(vec![Device::flex(); 2])
+            .config(config)
+            .checkpoint(saver);
+        if let Some(path) = from {
+            pipeline = pipeline.resume(path, identity.clone());
+        }
+        pipeline
+            .train(
+                build,
+                optimizer,
+                &LrSchedule::constant(0.1),
+                &mut loader(BATCH),
+                STEPS,
+            )
+            .unwrap()
+    };
+    let whole = run(None);
+    let resumed = run(Some(CheckpointStore::new(&dir, 10).path_for(2)));
+    assert_eq!(resumed.params, whole.params);
+    assert_eq!(resumed.amp.scale, whole.amp.scale);
+    std::fs::remove_dir_all(&dir).ok();
+}
