@@ -326,10 +326,13 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
         );
     }
     let dp_only = data_parallel_only(args);
-    // Pipelines also train in mixed precision; `auto` plans it data parallel (the planner
-    // profiles f32).
-    let pipeline_unsupported: Vec<&str> =
-        dp_only.iter().copied().filter(|o| *o != "--amp").collect();
+    // Pipelines also take these; `auto` plans them data parallel (the planner profiles f32
+    // steps of one batch).
+    let pipeline_unsupported: Vec<&str> = dp_only
+        .iter()
+        .copied()
+        .filter(|o| !["--amp", "--accumulation", "--check-every"].contains(o))
+        .collect();
     let planned_pipeline = matches!(
         args.plan,
         PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }

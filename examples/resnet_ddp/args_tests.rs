@@ -94,6 +94,16 @@ fn options_that_would_be_ignored_are_refused_with_the_reason() {
         // Pipelines train in mixed precision too, by hand or planned.
         &["--pipeline", "2", "--amp", "f16", "--clip-grad-norm", "1"],
         &["--plan", "pp=2", "--amp", "bf16", "--micro-batches", "8"],
+        &[
+            "--pipeline",
+            "2",
+            "--data-parallel",
+            "2",
+            "--accumulation",
+            "2",
+            "--check-every",
+            "5",
+        ],
         // The planner: fixed choices for the pipelines it compares, memory limits.
         &["--schedule", "gpipe", "--micro-batches", "8"],
         &["--plan", "dp=2,pp=2", "--device-memory", "1GiB"],

@@ -60,7 +60,7 @@ pub fn run(
         .into());
     }
     let kind = shape.schedule;
-    let plan = Schedule::new(kind, stages, micro_batches)?;
+    let plan = Schedule::new(kind, stages, micro_batches * args.accumulation)?;
     if args.show_schedule {
         // Equal stages, backward twice a forward: the textbook shape of this schedule.
         println!(
@@ -77,10 +77,11 @@ pub fn run(
         .transforms(setup.transforms.clone())
         .device(devices[0].clone().autodiff())
         .build();
+    // A step takes `--accumulation` batches per pipeline, run as one schedule.
     let steps = args
         .steps
-        .unwrap_or(args.epochs * loader.num_batches() / groups);
-    let step_samples = groups * batch_size;
+        .unwrap_or(args.epochs * (loader.num_batches() / (groups * args.accumulation)));
+    let step_samples = groups * batch_size * args.accumulation;
     if args.lr_scaling != crate::args::LrScalingArg::None {
         println!("{}", args.lr_scaling.describe(args.lr, step_samples));
     }
@@ -88,8 +89,8 @@ pub fn run(
         .warmup((steps / 10).max(1))
         .cosine(steps, 0.0);
     println!(
-        "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each) on {} | {steps} steps",
-        args.model, args.width, micro_batches, batch_size, args.devices
+        "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each, {} batches a step) on {} | {steps} steps",
+        args.model, args.width, micro_batches, batch_size, args.accumulation, args.devices
     );
     let build = |device: &Device| -> ResNet { crate::build_model(args, setup, device) };
     let optimizer = crate::optimizer;
@@ -101,6 +102,8 @@ pub fn run(
         max_grad_norm: args.clip_grad_norm,
         split: shape.split.clone(),
         precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
+        accumulation: args.accumulation,
+        check_every: args.check_every,
         ..PipelineConfig::default()
     };
     // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the

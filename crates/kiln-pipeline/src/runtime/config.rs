@@ -44,6 +44,15 @@ pub struct PipelineConfig {
     /// (f16) the stages agree on whether a step's gradients are finite, so every stage (and
     /// every data-parallel copy) skips the same steps and keeps the same scale.
     pub precision: MixedPrecision,
+    /// Gradient accumulation (k, default 1): each optimizer step takes k consecutive
+    /// batches per pipeline and runs one schedule over all their k·M micro-batches (one
+    /// flush, not k): 1F1B still holds at most P micro-batches' activations, and the
+    /// bubble is paid once per step, not k times. Equal to one device accumulating the
+    /// same k·M micro-batches.
+    pub accumulation: usize,
+    /// Every this many steps (0: never), the data-parallel copies of each stage compare
+    /// their parameters bit for bit and fail with [`PipelineError::Diverged`] if they differ.
+    pub check_every: usize,
 }
 
 impl Default for PipelineConfig {
@@ -58,6 +67,8 @@ impl Default for PipelineConfig {
             max_grad_norm: None,
             emulated_slowdown: Vec::new(),
             precision: MixedPrecision::f32(),
+            accumulation: 1,
+            check_every: 0,
         }
     }
 }
@@ -102,6 +113,11 @@ impl PipelineConfig {
         }
     }
 
+    /// Micro-batches of one step's schedule: M per batch, of `accumulation` batches.
+    pub fn micro_batches_per_step(&self) -> usize {
+        self.micro_batches * self.accumulation
+    }
+
     /// Checks the options that do not depend on the model.
     pub(crate) fn validate(&self) -> Result<(), PipelineError> {
         if self.micro_batches == 0 {
@@ -112,6 +128,11 @@ impl PipelineConfig {
         if self.timeout.is_zero() {
             return Err(PipelineError::Config(
                 "timeout must be longer than zero".into(),
+            ));
+        }
+        if self.accumulation == 0 {
+            return Err(PipelineError::Config(
+                "accumulation must be at least 1 (batches per optimizer step)".into(),
             ));
         }
         if self.data_parallel == 0 {

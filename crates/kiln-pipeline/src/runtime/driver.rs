@@ -90,11 +90,14 @@ pub(crate) fn drive(
     } = around;
     let threads = step_senders.len();
     let groups = threads / stages.max(1);
-    let per_epoch = loader.num_batches() / groups;
+    // Batches one step takes: `accumulation` for each pipeline.
+    let per_step = groups * config.accumulation;
+    let per_epoch = loader.num_batches() / per_step;
     if per_epoch == 0 {
         return Err(PipelineError::Config(format!(
-            "the loader gives {} batches per epoch, fewer than the {groups} data-parallel pipelines take per step",
-            loader.num_batches()
+            "the loader gives {} batches per epoch, fewer than one step takes ({groups} pipelines x {} accumulated)",
+            loader.num_batches(),
+            config.accumulation
         )));
     }
     if start.step_in_epoch >= per_epoch {
@@ -112,17 +115,22 @@ pub(crate) fn drive(
     };
     let mut position = start;
     let mut sums = EpochSums::default();
-    let mut batches = loader.epoch_from(position.epoch as u64, position.step_in_epoch * groups);
+    let mut batches = loader.epoch_from(position.epoch as u64, position.step_in_epoch * per_step);
     let first = start.step;
     while position.step < steps {
         let step = position.step;
         let waiting = Instant::now();
+        // Each pipeline's micro-batches: those of its `accumulation` consecutive batches.
         let mut cuts = Vec::with_capacity(groups);
         for _ in 0..groups {
-            let batch = batches.next().ok_or_else(|| {
-                PipelineError::Config("the loader's epoch ended before its last step".into())
-            })??;
-            cuts.push(cut(batch, config.micro_batches)?);
+            let mut micro_batches = Vec::with_capacity(config.micro_batches_per_step());
+            for _ in 0..config.accumulation {
+                let batch = batches.next().ok_or_else(|| {
+                    PipelineError::Config("the loader's epoch ended before its last step".into())
+                })??;
+                micro_batches.extend(cut(batch, config.micro_batches)?);
+            }
+            cuts.push(micro_batches);
         }
         let data_wait = waiting.elapsed();
         let finished = step + 1 == steps;
@@ -139,6 +147,7 @@ pub(crate) fn drive(
         let save = checkpoints
             .as_ref()
             .is_some_and(|(c, _)| c.is_due(&next, finished || stopping));
+        let check = config.check_every > 0 && next.step.is_multiple_of(config.check_every);
         let samples: usize = cuts.iter().flatten().map(|b| b.indices.len()).sum();
         let lr = schedule.lr(step);
         let began = Instant::now();
@@ -147,7 +156,9 @@ pub(crate) fn drive(
                 lr,
                 micro_batches: cuts[thread / stages].clone(),
                 samples,
+                step,
                 save,
+                check,
                 evaluate: false,
             };
             if sender.send(data).is_err() {
@@ -263,7 +274,9 @@ fn validate(
                 lr: 0.0,
                 micro_batches: micro_batches.clone(),
                 samples: size,
+                step: 0,
                 save: false,
+                check: false,
                 evaluate: true,
             };
             if sender.send(data).is_err() {

@@ -47,6 +47,16 @@ pub enum PipelineError {
     /// A checkpoint could not be written, or the run could not resume from one.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// The data-parallel copies of a stage hold different parameters.
+    #[error(
+        "stage {stage}'s data-parallel copies diverged by step {step}: their parameters differ"
+    )]
+    Diverged {
+        /// The stage.
+        stage: usize,
+        /// The step after which they were compared.
+        step: usize,
+    },
     /// The run's observer (its log) failed.
     #[error("the run's log: {0}")]
     Observer(String),

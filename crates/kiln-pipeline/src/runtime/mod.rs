@@ -8,14 +8,19 @@ mod empty;
 mod error;
 mod evaluate;
 mod mailbox;
+mod report;
 mod stage;
+mod stage_start;
 mod train;
 mod worker;
 
 pub use config::PipelineConfig;
 pub use error::PipelineError;
-pub use train::{Pipeline, PipelineReport, StageReport};
+pub use report::{PipelineReport, StageReport};
+pub use train::Pipeline;
 
+#[cfg(test)]
+mod options_tests;
 #[cfg(test)]
 mod precision_tests;
 #[cfg(test)]

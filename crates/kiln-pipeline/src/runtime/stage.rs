@@ -10,7 +10,7 @@ use kiln_amp::{AmpStats, MixedPrecision};
 use kiln_comm::{Communicator, ReduceOp};
 use kiln_core::{
     Activation, FlatLayout, GradWriter, ImageClassifier, ParamInfo, SegmentId, Segmented,
-    grads_from_flat, param_infos, segment_param_infos,
+    grads_from_flat, param_infos, read_params, segment_param_infos,
 };
 use kiln_train::{GradientSummary, MeanGradient, TrainError, classification_loss, count_correct};
 
@@ -309,6 +309,41 @@ where
                 stage,
                 what: format!("the gradients of its data-parallel copies ({err})"),
             })
+    }
+
+    /// Compares this stage's trainable parameters with its data-parallel copies'
+    /// (`replicas`, one rank per copy) after step `step`, bit for bit: a fingerprint of them,
+    /// in three exact 22-bit pieces, must have the same maximum and minimum over the copies.
+    /// (Batch-norm running statistics are not compared: each copy's follow its own batches.)
+    ///
+    /// # Errors
+    /// [`PipelineError::Diverged`] if they differ; [`PipelineError::PeerLost`] if a copy is
+    /// gone.
+    pub(crate) fn check_copies(
+        &self,
+        stage: usize,
+        replicas: &Communicator,
+        step: usize,
+    ) -> Result<(), PipelineError> {
+        let print = kiln_core::fingerprint_values(&read_params(&self.model, &self.layout));
+        let pieces: Vec<f32> = (0..3)
+            .map(|i| ((print >> (22 * i)) & 0x3f_ffff) as f32)
+            .collect();
+        let lost = |err: kiln_comm::CommError| PipelineError::PeerLost {
+            stage,
+            what: format!("its data-parallel copies' parameters ({err})"),
+        };
+        let (mut highest, mut lowest) = (pieces.clone(), pieces);
+        replicas
+            .all_reduce(&mut highest, ReduceOp::Max)
+            .map_err(lost)?;
+        replicas
+            .all_reduce(&mut lowest, ReduceOp::Min)
+            .map_err(lost)?;
+        if highest != lowest {
+            return Err(PipelineError::Diverged { stage, step });
+        }
+        Ok(())
     }
 
     /// Finishes the summed gradients with `rule` (divided by `samples`; with clipping, the

@@ -1,7 +1,5 @@
-//! The driver: builds the stages, cuts batches into micro-batches, runs the steps.
+//! A pipeline run: its options, the stage threads and their links, the driver.
 
-use std::collections::HashMap;
-use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -9,71 +7,20 @@ use std::time::Duration;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
-use kiln_amp::AmpStats;
-use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity, resume_owning};
+use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity};
 use kiln_comm::{Communicator, InProcessGroup};
-use kiln_core::{ImageClassifier, Segmented, panic_message, read_params};
+use kiln_core::{ImageClassifier, Segmented, panic_message};
 use kiln_data::DataLoader;
-use kiln_train::{EpochSummary, LrSchedule, MeanGradient, StopFlag, TrainObserver, TrainPosition};
+use kiln_train::{LrSchedule, StopFlag, TrainObserver, TrainPosition};
 
 use crate::runtime::checkpoint::Writes;
-use crate::runtime::driver::{Around, Driven, ToStages, drive};
+use crate::runtime::driver::{Around, ToStages, drive};
 use crate::runtime::mailbox::{Abort, Mailbox};
-use crate::runtime::stage::{Stage, owned_infos};
-use crate::runtime::worker::{Links, StepData, StepDone, Update, run_stage};
+use crate::runtime::report::{PipelineReport, finish};
+use crate::runtime::stage_start::StageStart;
+use crate::runtime::worker::{Links, StepData};
 use crate::runtime::{PipelineConfig, PipelineError};
-use crate::schedule::{Costs, Schedule, simulate};
-
-/// What one stage held and did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StageReport {
-    /// Segment indices (in [`Segmented::segments`] order) of each of its chunks.
-    pub segments: Vec<Range<usize>>,
-    /// Bytes of the parameters and buffers the stage holds.
-    pub param_bytes: usize,
-    /// The most micro-batch activations (counting each chunk) it held at once.
-    pub peak_in_flight: usize,
-    /// Fraction of the step time it computed, averaged over steps after the first.
-    pub busy_fraction: f64,
-    /// Mean forward time of one micro-batch, per chunk (steps after the first).
-    pub forward_time: Vec<Duration>,
-    /// Mean backward time of one micro-batch, per chunk (steps after the first).
-    pub backward_time: Vec<Duration>,
-}
-
-/// What a pipeline run did, and the trained parameters.
-#[derive(Debug, Clone)]
-pub struct PipelineReport {
-    /// Mean loss of every step.
-    pub losses: Vec<f32>,
-    /// Per stage.
-    pub stages: Vec<StageReport>,
-    /// Mean step time after the first step.
-    pub step_time: Duration,
-    /// The step time the schedule predicts from the measured per-chunk forward and backward
-    /// times (its simulation, bubble included, transfers and the optimizer step not): what
-    /// `step_time` would be if the stages did nothing but compute and wait for each other.
-    pub predicted_step_time: Duration,
-    /// The trained trainable parameters, by path.
-    pub params: HashMap<String, Vec<f32>>,
-    /// Where a stop request ([`Pipeline::stop_flag`]) ended the run, if one did (after a
-    /// checkpoint, when the run has them).
-    pub stopped_at: Option<TrainPosition>,
-    /// Every whole epoch's summary: training loss and accuracy, and validation through the
-    /// pipeline with [`Pipeline::valid_loader`].
-    pub epochs: Vec<EpochSummary>,
-    /// What mixed precision did ([`PipelineConfig::precision`]): steps, skipped steps and
-    /// the loss scale, the same on every stage (they agree on every skip).
-    pub amp: AmpStats,
-}
-
-impl PipelineReport {
-    /// The measured bubble: the fraction of the step the stages were idle, averaged.
-    pub fn bubble_fraction(&self) -> f64 {
-        let stages = self.stages.len().max(1) as f64;
-        1.0 - self.stages.iter().map(|s| s.busy_fraction).sum::<f64>() / stages
-    }
-}
+use crate::schedule::Schedule;
 
 /// A pipeline over one device entry per stage.
 ///
@@ -225,7 +172,11 @@ impl Pipeline {
                 slowdown.len()
             )));
         }
-        let plan = Schedule::new(self.config.schedule, stages, self.config.micro_batches)?;
+        let plan = Schedule::new(
+            self.config.schedule,
+            stages,
+            self.config.micro_batches_per_step(),
+        )?;
         let threads = self
             .config
             .threads_per_stage
@@ -391,217 +342,4 @@ fn communicators(
         }
     }
     slots
-}
-
-/// What a stage thread needs to build and run its stage.
-struct StageStart<'a, B, O, H> {
-    index: usize,
-    device: Device,
-    threads: usize,
-    build: &'a B,
-    optimizer: &'a O,
-    config: &'a PipelineConfig,
-    plan: &'a Schedule,
-    links: Links<H>,
-    resume: Option<&'a (PathBuf, RunIdentity)>,
-    steps: Receiver<StepData>,
-    done: Sender<StepDone>,
-    abort: Abort,
-}
-
-impl<B, O, M> StageStart<'_, B, O, M::Hidden>
-where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
-    B: Fn(&Device) -> M + Sync,
-    O: Fn() -> ModuleOptimizer + Sync,
-{
-    /// The stage thread's life: its own pool, its share of the model, its steps. A failure
-    /// (an error or a panic) raises the abort flag, so that its peers stop waiting at once.
-    fn run(self) -> Result<Stage<M>, PipelineError> {
-        let index = self.index;
-        let abort = self.abort.clone();
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build_and_train()))
-                .unwrap_or_else(|panic| {
-                    Err(PipelineError::Stage {
-                        stage: index,
-                        message: panic_message(&*panic),
-                    })
-                });
-        if result.is_err() {
-            abort.raise();
-        }
-        result
-    }
-
-    fn build_and_train(self) -> Result<Stage<M>, PipelineError> {
-        let index = self.index;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(self.threads)
-            .thread_name(move |i| format!("kiln-stage-{index}-compute-{i}"))
-            .build()
-            .map_err(|err| PipelineError::Stage {
-                stage: index,
-                message: err.to_string(),
-            })?;
-        pool.install(|| {
-            // Every stage derives the same split from its own build: no full model is
-            // built anywhere else.
-            let model = (self.build)(&self.device);
-            let stages = self.plan.stages();
-            let split = self
-                .config
-                .segments_per_virtual_stage(model.segments().len(), stages)?;
-            let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
-            let mut optimizer = (self.optimizer)();
-            let mut step_state = kiln_train::StepState::Null;
-            // Resumed: the checkpoint's parameters, and the optimizer state of the stage's own.
-            let model = match self.resume {
-                None => model,
-                Some((path, identity)) => {
-                    let owned: Vec<String> = owned_infos(&model, &chunks)
-                        .into_iter()
-                        .filter(|info| info.trainable)
-                        .map(|info| info.path)
-                        .collect();
-                    let resumed = resume_owning(path, identity, model, optimizer, &owned)
-                        .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
-                    optimizer = resumed.optimizer;
-                    step_state = resumed.step_state;
-                    resumed.model
-                }
-            };
-            let mut stage = Stage::new(model, chunks);
-            stage.emulated_slowdown = self
-                .config
-                .emulated_slowdown
-                .get(index)
-                .copied()
-                .unwrap_or(1.0);
-            let mut rule = MeanGradient::new(self.config.precision.clone());
-            if let Some(norm) = self.config.max_grad_norm {
-                rule = rule
-                    .with_max_norm(norm)
-                    .map_err(|err| PipelineError::Config(err.to_string()))?;
-            }
-            // The loss scaler continues where the checkpoint left it.
-            rule.restore_state(&step_state)
-                .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
-            let update = Update { optimizer, rule };
-            run_stage(
-                index, stage, self.plan, update, self.links, self.steps, self.done,
-            )
-        })
-    }
-}
-
-/// Segment ranges of each stage's chunks, from the segments per virtual stage.
-fn chunk_ranges(split: &[usize], plan: &Schedule) -> Vec<Vec<Range<usize>>> {
-    let mut starts = Vec::with_capacity(split.len());
-    let mut next = 0;
-    for count in split {
-        starts.push(next..next + count);
-        next += count;
-    }
-    (0..plan.stages())
-        .map(|stage| {
-            (0..plan.chunks())
-                .map(|chunk| starts[plan.virtual_stage(stage, chunk)].clone())
-                .collect()
-        })
-        .collect()
-}
-
-/// The report, or the root cause of a failure (a stage's own error before the errors of
-/// stages that only lost it).
-fn finish<M: ImageClassifier>(
-    driven: Result<Driven, PipelineError>,
-    results: Vec<Result<Stage<M>, PipelineError>>,
-    plan: &Schedule,
-) -> Result<PipelineReport, PipelineError> {
-    let mut errors = Vec::new();
-    let mut trained = Vec::with_capacity(results.len());
-    for result in results {
-        match result {
-            Ok(stage) => trained.push(stage),
-            Err(err) => errors.push(err),
-        }
-    }
-    let driven = match driven {
-        Ok(driven) if errors.is_empty() => driven,
-        Ok(_) => Driven::default(),
-        Err(err) => {
-            errors.push(err);
-            Driven::default()
-        }
-    };
-    if !errors.is_empty() {
-        let root = errors.iter().position(|e| !e.is_consequence()).unwrap_or(0);
-        return Err(errors.swap_remove(root));
-    }
-    let steps_timed = driven.losses.len().saturating_sub(1).max(1) as u32;
-    let step_time = driven.step_time / steps_timed;
-    // The data-parallel groups' stages mirror each other: report the first group's.
-    trained.truncate(plan.stages());
-    let amp = trained.first().map(|stage| stage.amp).unwrap_or_default();
-    let mut params = HashMap::new();
-    let mut stages = Vec::with_capacity(trained.len());
-    for (index, stage) in trained.into_iter().enumerate() {
-        let flat = read_params(&stage.model, stage.layout());
-        for entry in stage.layout().entries() {
-            let values = flat[entry.offset..entry.offset + entry.info.numel()].to_vec();
-            params.insert(entry.info.path.clone(), values);
-        }
-        // Busy time: every forward and backward the stage ran.
-        let busy: Duration = driven.forward[index]
-            .iter()
-            .chain(&driven.backward[index])
-            .sum::<Duration>()
-            / steps_timed;
-        let per_micro_batch = |times: &[Duration]| -> Vec<Duration> {
-            let count = steps_timed * plan.micro_batches() as u32;
-            times.iter().map(|t| *t / count.max(1)).collect()
-        };
-        stages.push(StageReport {
-            segments: stage.chunks().to_vec(),
-            param_bytes: stage.param_bytes,
-            peak_in_flight: driven.peak[index],
-            busy_fraction: busy.as_secs_f64() / step_time.as_secs_f64().max(1e-12),
-            forward_time: per_micro_batch(&driven.forward[index]),
-            backward_time: per_micro_batch(&driven.backward[index]),
-        });
-    }
-    let predicted_step_time = predicted_step_time(&stages, plan);
-    Ok(PipelineReport {
-        losses: driven.losses,
-        stages,
-        step_time,
-        predicted_step_time,
-        params,
-        stopped_at: driven.stopped_at,
-        epochs: driven.epochs,
-        amp,
-    })
-}
-
-/// The schedule's simulated step time with each virtual stage's measured compute times.
-fn predicted_step_time(stages: &[StageReport], plan: &Schedule) -> Duration {
-    let virtual_stages = plan.virtual_stages();
-    let (mut forward, mut backward) = (vec![0.0; virtual_stages], vec![0.0; virtual_stages]);
-    for (index, stage) in stages.iter().enumerate() {
-        for (chunk, (f, b)) in stage
-            .forward_time
-            .iter()
-            .zip(&stage.backward_time)
-            .enumerate()
-        {
-            let v = plan.virtual_stage(index, chunk);
-            forward[v] = f.as_secs_f64();
-            backward[v] = b.as_secs_f64();
-        }
-    }
-    let costs = Costs::per_virtual_stage(forward, backward);
-    simulate(plan, &costs)
-        .map(|timeline| Duration::from_secs_f64(timeline.step_time()))
-        .unwrap_or_default()
 }

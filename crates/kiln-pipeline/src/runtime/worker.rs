@@ -27,11 +27,15 @@ pub(crate) struct StepData {
     pub micro_batches: Vec<ImageBatch>,
     /// Samples of the whole step, over every data-parallel group: the gradient's divisor.
     pub samples: usize,
+    /// The step (0-based).
+    pub step: usize,
     /// Whether a checkpoint follows the step (the first pipeline's stages hand over their
     /// parts).
     pub save: bool,
     /// Not a training step: the micro-batches are validation data, run forward only.
     pub evaluate: bool,
+    /// Whether the data-parallel copies of each stage compare their parameters after it.
+    pub check: bool,
 }
 
 /// What a stage reports after a step.
@@ -213,6 +217,11 @@ where
                     )?;
                 }
             }
+        }
+        if data.check
+            && let Some(replicas) = &links.replicas
+        {
+            stage.check_copies(index, replicas, data.step)?;
         }
         if data.save
             && let Some(parts) = &links.parts

@@ -1,0 +1,170 @@
+//! Gradient accumulation (one flush over every accumulated micro-batch) and the divergence
+//! check of data-parallel pipelines.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln_core::{init_module, param_infos, read_params};
+use kiln_data::{DataLoader, SyntheticImages};
+use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_train::{LrSchedule, Trainer};
+
+use crate::schedule::ScheduleKind;
+use crate::{Pipeline, PipelineConfig, PipelineError};
+
+fn build_seeded(device: &Device, seed: u64) -> ResNet {
+    init_module(device, seed, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(2)
+            .init(device)
+    })
+}
+
+fn build(device: &Device) -> ResNet {
+    build_seeded(device, 17)
+}
+
+fn optimizer() -> burn::optim::ModuleOptimizer {
+    SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .init()
+}
+
+fn loader(batch: usize) -> DataLoader {
+    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
+        .batch_size(batch)
+        .shuffle(2)
+        .drop_last(true)
+        .device(Device::flex().autodiff())
+        .build()
+}
+
+fn by_path(model: &ResNet) -> HashMap<String, Vec<f32>> {
+    let layout = kiln_core::FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
+    let flat = read_params(model, &layout);
+    layout
+        .entries()
+        .iter()
+        .map(|e| {
+            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
+            (e.info.path.clone(), values)
+        })
+        .collect()
+}
+
+#[test]
+fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_batch() {
+    // 3 steps of 2 accumulated batches of 12, each cut into 2 micro-batches of 6.
+    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+        .schedule(LrSchedule::constant(0.1))
+        .train_loader(loader(6))
+        .accumulation_steps(4)
+        .max_steps(3)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    let want = by_path(&model);
+    let config = PipelineConfig {
+        schedule: ScheduleKind::OneFOneB,
+        micro_batches: 2,
+        accumulation: 2,
+        ..PipelineConfig::default()
+    };
+    let report = Pipeline::new(vec![Device::flex(); 2])
+        .config(config)
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(12),
+            3,
+        )
+        .unwrap();
+    assert_eq!(
+        report.params, want,
+        "bit for bit, as the sums run in the same order"
+    );
+    // One flush of 4 micro-batches on 2 stages: 1F1B holds at most 2 on stage 0.
+    assert!(report.stages[0].peak_in_flight <= 2);
+    // The control: without accumulation each step takes half the samples.
+    let plain = Pipeline::new(vec![Device::flex(); 2])
+        .config(PipelineConfig {
+            micro_batches: 2,
+            ..PipelineConfig::default()
+        })
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(12),
+            3,
+        )
+        .unwrap();
+    assert_ne!(plain.params, want);
+    let refused = Pipeline::new(vec![Device::flex(); 2])
+        .config(PipelineConfig {
+            accumulation: 0,
+            ..PipelineConfig::default()
+        })
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(12),
+            1,
+        )
+        .unwrap_err();
+    assert!(refused.to_string().contains("accumulation"), "{refused}");
+}
+
+#[test]
+fn data_parallel_copies_that_differ_are_caught_by_the_divergence_check() {
+    let config = PipelineConfig {
+        micro_batches: 2,
+        data_parallel: 2,
+        check_every: 1,
+        ..PipelineConfig::default()
+    };
+    // Identical copies pass the check after every step.
+    Pipeline::new(vec![Device::flex(); 4])
+        .config(config.clone())
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(12),
+            2,
+        )
+        .unwrap();
+    // One of the four stage threads builds its copy from another seed.
+    let calls = AtomicUsize::new(0);
+    let odd = |device: &Device| {
+        let seed = if calls.fetch_add(1, Ordering::SeqCst) == 2 {
+            18
+        } else {
+            17
+        };
+        build_seeded(device, seed)
+    };
+    let err = Pipeline::new(vec![Device::flex(); 4])
+        .config(config)
+        .train(
+            odd,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(12),
+            2,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PipelineError::Diverged { step: 0, .. }),
+        "{err}"
+    );
+}

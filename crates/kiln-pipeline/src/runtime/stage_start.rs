@@ -1,0 +1,137 @@
+//! A stage thread's start: its own pool, its share of the model (resumed from a checkpoint
+//! when asked), its optimizer and gradient rule, then its steps.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Device, Tensor};
+use crossbeam_channel::{Receiver, Sender};
+use kiln_checkpoint::{RunIdentity, resume_owning};
+use kiln_core::{ImageClassifier, Segmented, panic_message};
+use kiln_train::MeanGradient;
+
+use crate::runtime::mailbox::Abort;
+use crate::runtime::stage::{Stage, owned_infos};
+use crate::runtime::worker::{Links, StepData, StepDone, Update, run_stage};
+use crate::runtime::{PipelineConfig, PipelineError};
+use crate::schedule::Schedule;
+
+/// What a stage thread needs to build and run its stage.
+pub(crate) struct StageStart<'a, B, O, H> {
+    pub(crate) index: usize,
+    pub(crate) device: Device,
+    pub(crate) threads: usize,
+    pub(crate) build: &'a B,
+    pub(crate) optimizer: &'a O,
+    pub(crate) config: &'a PipelineConfig,
+    pub(crate) plan: &'a Schedule,
+    pub(crate) links: Links<H>,
+    pub(crate) resume: Option<&'a (PathBuf, RunIdentity)>,
+    pub(crate) steps: Receiver<StepData>,
+    pub(crate) done: Sender<StepDone>,
+    pub(crate) abort: Abort,
+}
+
+impl<B, O, M> StageStart<'_, B, O, M::Hidden>
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
+    B: Fn(&Device) -> M + Sync,
+    O: Fn() -> ModuleOptimizer + Sync,
+{
+    /// The stage thread's life: its own pool, its share of the model, its steps. A failure
+    /// (an error or a panic) raises the abort flag, so that its peers stop waiting at once.
+    pub(crate) fn run(self) -> Result<Stage<M>, PipelineError> {
+        let index = self.index;
+        let abort = self.abort.clone();
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build_and_train()))
+                .unwrap_or_else(|panic| {
+                    Err(PipelineError::Stage {
+                        stage: index,
+                        message: panic_message(&*panic),
+                    })
+                });
+        if result.is_err() {
+            abort.raise();
+        }
+        result
+    }
+
+    fn build_and_train(self) -> Result<Stage<M>, PipelineError> {
+        let index = self.index;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(move |i| format!("kiln-stage-{index}-compute-{i}"))
+            .build()
+            .map_err(|err| PipelineError::Stage {
+                stage: index,
+                message: err.to_string(),
+            })?;
+        pool.install(|| {
+            // Every stage derives the same split from its own build: no full model is
+            // built anywhere else.
+            let model = (self.build)(&self.device);
+            let stages = self.plan.stages();
+            let split = self
+                .config
+                .segments_per_virtual_stage(model.segments().len(), stages)?;
+            let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
+            let mut optimizer = (self.optimizer)();
+            let mut step_state = kiln_train::StepState::Null;
+            // Resumed: the checkpoint's parameters, and the optimizer state of the stage's own.
+            let model = match self.resume {
+                None => model,
+                Some((path, identity)) => {
+                    let owned: Vec<String> = owned_infos(&model, &chunks)
+                        .into_iter()
+                        .filter(|info| info.trainable)
+                        .map(|info| info.path)
+                        .collect();
+                    let resumed = resume_owning(path, identity, model, optimizer, &owned)
+                        .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+                    optimizer = resumed.optimizer;
+                    step_state = resumed.step_state;
+                    resumed.model
+                }
+            };
+            let mut stage = Stage::new(model, chunks);
+            stage.emulated_slowdown = self
+                .config
+                .emulated_slowdown
+                .get(index)
+                .copied()
+                .unwrap_or(1.0);
+            let mut rule = MeanGradient::new(self.config.precision.clone());
+            if let Some(norm) = self.config.max_grad_norm {
+                rule = rule
+                    .with_max_norm(norm)
+                    .map_err(|err| PipelineError::Config(err.to_string()))?;
+            }
+            // The loss scaler continues where the checkpoint left it.
+            rule.restore_state(&step_state)
+                .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+            let update = Update { optimizer, rule };
+            run_stage(
+                index, stage, self.plan, update, self.links, self.steps, self.done,
+            )
+        })
+    }
+}
+
+/// Segment ranges of each stage's chunks, from the segments per virtual stage.
+fn chunk_ranges(split: &[usize], plan: &Schedule) -> Vec<Vec<Range<usize>>> {
+    let mut starts = Vec::with_capacity(split.len());
+    let mut next = 0;
+    for count in split {
+        starts.push(next..next + count);
+        next += count;
+    }
+    (0..plan.stages())
+        .map(|stage| {
+            (0..plan.chunks())
+                .map(|chunk| starts[plan.virtual_stage(stage, chunk)].clone())
+                .collect()
+        })
+        .collect()
+}
