@@ -128,7 +128,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(period) => SyncMode::LocalSgd { period },
         None => SyncMode::Gradients,
     };
-    let config = DdpConfig {
+    let mut config = DdpConfig {
         compression,
         mode,
         zero1: args.zero1,
@@ -191,6 +191,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     split: Some(split.clone()),
                     batch_size: plan.global_batch / data_parallel,
                     predicted_step,
+                    gradient_checkpointing: plan.gradient_checkpointing,
                 };
                 return pipeline::run(&args, &setup, devices, shape);
             }
@@ -204,6 +205,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     .into());
                 }
                 setup.planned_batches = Some(batches.clone());
+                config.gradient_checkpointing = plan.gradient_checkpointing;
             }
         }
     }

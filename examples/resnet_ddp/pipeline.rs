@@ -24,6 +24,8 @@ pub struct PipelineRun {
     pub batch_size: usize,
     /// The planner's predicted step seconds, shown beside the measured step.
     pub predicted_step: Option<f64>,
+    /// Train with Burn's gradient checkpointing (the planner's memory lever).
+    pub gradient_checkpointing: bool,
 }
 
 impl PipelineRun {
@@ -39,6 +41,7 @@ impl PipelineRun {
             split: args.split.clone(),
             batch_size: args.batch_size,
             predicted_step: None,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -68,6 +71,19 @@ pub fn run(
             plan.chart(&simulate(&plan, &Costs::uniform(1.0, 2.0))?)
         );
     }
+    let config = PipelineConfig {
+        schedule: kind,
+        micro_batches,
+        threads_per_stage: args.threads,
+        data_parallel: groups,
+        max_grad_norm: args.clip_grad_norm,
+        split: shape.split.clone(),
+        precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
+        accumulation: args.accumulation,
+        check_every: args.check_every,
+        gradient_checkpointing: shape.gradient_checkpointing,
+        ..PipelineConfig::default()
+    };
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
         .batch_size(batch_size)
         .num_workers(args.workers)
@@ -75,7 +91,7 @@ pub fn run(
         .shuffle(args.seed)
         .drop_last(true)
         .transforms(setup.transforms.clone())
-        .device(devices[0].clone().autodiff())
+        .device(config.train_device(&devices[0]))
         .build();
     // A step takes `--accumulation` batches per pipeline, run as one schedule.
     let steps = args
@@ -94,18 +110,6 @@ pub fn run(
     );
     let build = |device: &Device| -> ResNet { crate::build_model(args, setup, device) };
     let optimizer = crate::optimizer;
-    let config = PipelineConfig {
-        schedule: kind,
-        micro_batches,
-        threads_per_stage: args.threads,
-        data_parallel: groups,
-        max_grad_norm: args.clip_grad_norm,
-        split: shape.split.clone(),
-        precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
-        accumulation: args.accumulation,
-        check_every: args.check_every,
-        ..PipelineConfig::default()
-    };
     // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the
     // checkpoint's format is the same, so either resumes the other.
     let identity = crate::checkpoints::identity(args, step_samples, steps);

@@ -8,9 +8,9 @@ use burn::tensor::Device;
 use kiln::core::DeviceSpec;
 use kiln::data::DataLoader;
 use kiln::planner::{
-    BatchProfile, Fixed, Layout, ModelProfile, Plan, PlanDevice, PlanRequest, ProfileCache,
-    ProfileKey, ProfileOptions, TIE_MARGIN, Workload, choose_plan, measure_interconnect,
-    profile_segments, profile_update,
+    BatchProfile, Fixed, Layout, ModelProfile, Plan, PlanDevice, PlanError, PlanRequest,
+    ProfileCache, ProfileKey, ProfileOptions, TIE_MARGIN, Workload, choose_plan_with_lever,
+    measure_interconnect, profile_segments, profile_update,
 };
 use kiln::resnet::ResNet;
 
@@ -96,6 +96,7 @@ pub fn choose(
             threads,
             batches: batches.clone(),
             kiln: env!("CARGO_PKG_VERSION").into(),
+            gradient_checkpointing: false,
         };
         let cache = args.profile_cache.as_ref().map(ProfileCache::new);
         let cached = match &cache {
@@ -152,7 +153,36 @@ pub fn choose(
         micro_batches: args.micro_batches,
     };
     let profile = &profiles[&kinds[0].0];
-    let choice = choose_plan(profile, &plan_devices, &net, &workload, &request, fixed)?;
+    // The memory lever: where nothing fits, the model profiled again with Burn's gradient
+    // checkpointing (activations recomputed in backward instead of kept).
+    let recomputing = || {
+        let (kind, device) = &kinds[0];
+        println!("planner: no plan fits the memory limits; profiling with gradient checkpointing");
+        let key = ProfileKey {
+            gradient_checkpointing: true,
+            ..profile.key.clone()
+        };
+        profile_model(args, setup, device, key, threads).map_err(|err| {
+            PlanError::Request(format!(
+                "profiling {kind} with gradient checkpointing: {err}"
+            ))
+        })
+    };
+    let choice = choose_plan_with_lever(
+        profile,
+        recomputing,
+        &plan_devices,
+        &net,
+        &workload,
+        &request,
+        fixed,
+    )?;
+    if choice.chosen.gradient_checkpointing {
+        println!(
+            "planner: {} fits only with gradient checkpointing: Burn recomputes memory-bound activations (element-wise ops) in backward instead of keeping them, for more time per step",
+            choice.chosen.summary()
+        );
+    }
     println!(
         "planner: profiled {} segments at batches {batches:?} on {} in {:.1} s, predicted {} plans",
         profile.segments(),
@@ -190,6 +220,11 @@ fn profile_model(
     threads: usize,
 ) -> Result<ModelProfile, Error> {
     let device = device.clone().autodiff();
+    let device = if key.gradient_checkpointing {
+        device.gradient_checkpointing()
+    } else {
+        device
+    };
     let model: ResNet = crate::build_model(args, setup, &device);
     let largest = *key.batches.last().expect("at least one batch size");
     let batch = {

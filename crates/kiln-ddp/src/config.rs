@@ -90,6 +90,10 @@ pub struct DdpConfig {
     /// Clip gradients to this global norm: over every parameter of the model, computed on
     /// the reduced gradients (over all ZeRO shards; under local SGD, each replica's own).
     pub max_grad_norm: Option<f32>,
+    /// Train on Burn's gradient-checkpointing autodiff device
+    /// ([`Replica::train_device`](crate::Replica::train_device)): memory-bound activations
+    /// are recomputed in backward instead of kept (the planner's memory lever).
+    pub gradient_checkpointing: bool,
 }
 
 impl DdpConfig {
@@ -162,6 +166,7 @@ impl Default for DdpConfig {
             threads_per_replica: None,
             precision: MixedPrecision::f32(),
             max_grad_norm: None,
+            gradient_checkpointing: false,
         }
     }
 }

@@ -241,9 +241,16 @@ impl Replica {
         &self.device
     }
 
-    /// The replica's training device (with autodiff).
+    /// The replica's training device (with autodiff; with Burn's gradient checkpointing when
+    /// [`DdpConfig::gradient_checkpointing`](crate::DdpConfig::gradient_checkpointing) says
+    /// so): build the model and the loader's batches on it.
     pub fn train_device(&self) -> Device {
-        self.device.clone().autodiff()
+        let device = self.device.clone().autodiff();
+        if self.config.gradient_checkpointing {
+            device.gradient_checkpointing()
+        } else {
+            device
+        }
     }
 
     /// Splits `global_batch` over the replicas in proportion to each one's measured

@@ -42,6 +42,26 @@ fn small_buckets_give_the_same_result_as_one_bucket() {
 }
 
 #[test]
+fn gradient_checkpointing_recomputes_without_changing_the_result() {
+    // The planner's memory lever: Burn's checkpointing device recomputes activations in
+    // backward; the arithmetic is the same, bit for bit.
+    let mut setup = Setup::new(2, 4);
+    setup.batch_norm = true;
+    let plain = replicated(&setup);
+    setup.config.gradient_checkpointing = true;
+    let checkpointed = DataParallel::new(vec![Device::flex(); 1])
+        .config(setup.config.clone())
+        .run(|replica| Ok(replica.train_device().gradient_checkpointing_strategy()))
+        .unwrap();
+    assert_eq!(
+        checkpointed[0],
+        Some(burn::tensor::GradientCheckpointingStrategy::Balanced),
+        "replicas train on the checkpointing device"
+    );
+    assert_eq!(replicated(&setup), plain);
+}
+
+#[test]
 fn accumulation_syncs_once_and_matches_one_large_batch() {
     let mut setup = Setup::new(2, 8);
     setup.micro = 2;

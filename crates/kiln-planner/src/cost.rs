@@ -121,6 +121,7 @@ pub fn predict_data_parallel(
             exposed_communication_seconds: exposed,
             bubble_fraction: 0.0,
         },
+        gradient_checkpointing: profile.key.gradient_checkpointing,
     })
 }
 
@@ -290,5 +291,6 @@ pub fn predict_pipeline(
             exposed_communication_seconds: reduce,
             bubble_fraction: timeline.bubble_fraction(),
         },
+        gradient_checkpointing: profile.key.gradient_checkpointing,
     })
 }

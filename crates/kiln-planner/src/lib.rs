@@ -8,7 +8,8 @@
 //!   [`ProfileCache`] keeps them as JSON.
 //! - [`predict_data_parallel`] and [`predict_pipeline`] are the cost model; [`choose_plan`]
 //!   searches the data-parallel × pipeline factorisations of the devices and micro-batch
-//!   counts; [`balance_stages`] cuts segments into stages by dynamic programming.
+//!   counts ([`choose_plan_with_lever`]: with Burn's gradient checkpointing where nothing
+//!   fits without it); [`balance_stages`] cuts segments into stages by dynamic programming.
 //! - A [`Plan`] prints as a table ([`Plan::table`]) and round-trips through JSON.
 //!
 //! Stage balancing on its own:
@@ -29,6 +30,8 @@
 
 mod cost;
 mod interconnect;
+#[cfg(test)]
+mod lever_tests;
 mod memory;
 mod model_profile;
 mod partition;
@@ -56,5 +59,8 @@ pub use plan::{Layout, Plan, Predicted};
 pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments, segment_name,
 };
-pub use search::{DATA_PARALLEL_MARGIN, Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan};
+pub use search::{
+    DATA_PARALLEL_MARGIN, Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan,
+    choose_plan_with_lever,
+};
 pub use update_profile::profile_update;

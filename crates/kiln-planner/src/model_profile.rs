@@ -24,6 +24,9 @@ pub struct ProfileKey {
     pub batches: Vec<usize>,
     /// The kiln version that measured it (kernels change between versions).
     pub kiln: String,
+    /// Whether the training device recomputed activations (Burn's gradient checkpointing).
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
 }
 
 /// A model's per-segment profiles on one device at several batch sizes.

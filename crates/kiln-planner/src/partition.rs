@@ -104,6 +104,28 @@ pub enum PlanError {
     /// A saved plan does not belong to this run.
     #[error("plan file: {0}")]
     Mismatch(String),
+    /// A profile the planner asked for could not be taken.
+    #[error(transparent)]
+    Profile(#[from] crate::ProfileError),
+    /// Nothing fits, not even with the memory lever (gradient checkpointing).
+    #[error("{plain}; with gradient checkpointing (recomputing activations) too: {recomputing}")]
+    EvenRecomputing {
+        /// Why nothing fits as the model is.
+        plain: Box<PlanError>,
+        /// Why nothing fits with the lever.
+        recomputing: Box<PlanError>,
+    },
+}
+
+impl PlanError {
+    /// Whether the error is that the devices' memory is too small (what the memory lever can
+    /// change), not a request that cannot be planned at all.
+    pub fn is_memory(&self) -> bool {
+        matches!(
+            self,
+            Self::DoesNotFit { .. } | Self::NoSplitFits { .. } | Self::ForcedDoesNotFit { .. }
+        )
+    }
 }
 
 /// Cuts `segments` into `devices.len()` contiguous stages (stage `i` on `devices[i]`) so that

@@ -23,6 +23,11 @@ pub struct Plan {
     pub layout: Layout,
     /// What the cost model predicts.
     pub predicted: Predicted,
+    /// Train with Burn's gradient checkpointing (`Device::gradient_checkpointing`): the
+    /// memory lever the planner pulls when no plan fits without it; its prediction comes
+    /// from a profile taken with it.
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
 }
 
 /// Replicas or stages.
@@ -67,9 +72,9 @@ pub struct Predicted {
 }
 
 impl Plan {
-    /// `dp=2`, `pp=2 1f1b M=4`, `dp=2,pp=2 1f1b M=8`.
+    /// `dp=2`, `pp=2 1f1b M=4`, `dp=2,pp=2 1f1b M=8`; `+ checkpointing` with the memory lever.
     pub fn summary(&self) -> String {
-        match &self.layout {
+        let shape = match &self.layout {
             Layout::DataParallel { batches } => format!("dp={}", batches.len()),
             Layout::Pipeline {
                 data_parallel,
@@ -85,6 +90,11 @@ impl Plan {
                 micro_batches,
                 ..
             } => format!("dp={data_parallel},pp={stages} {schedule} M={micro_batches}"),
+        };
+        if self.gradient_checkpointing {
+            format!("{shape} + checkpointing")
+        } else {
+            shape
         }
     }
 

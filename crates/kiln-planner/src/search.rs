@@ -104,6 +104,44 @@ pub struct PlanChoice {
     pub considered: usize,
 }
 
+/// [`choose_plan`] with the memory lever: when no plan fits the devices' memory as the model
+/// is, plans again on the profile `recomputing` takes — the model on an autodiff device with
+/// Burn's gradient checkpointing, which recomputes memory-bound activations in backward
+/// instead of keeping them — and returns what fits there, marked
+/// ([`Plan::gradient_checkpointing`]; its prediction is that profile's). `recomputing` runs
+/// only then: the lever costs time, so a plan that fits without it is always preferred.
+///
+/// # Errors
+/// As [`choose_plan`]; [`PlanError::EvenRecomputing`] when nothing fits either way (both
+/// reasons given), [`PlanError::Profile`] when the second profile fails.
+pub fn choose_plan_with_lever(
+    profile: &ModelProfile,
+    recomputing: impl FnOnce() -> Result<ModelProfile, PlanError>,
+    devices: &[PlanDevice],
+    net: &Interconnect,
+    workload: &Workload,
+    request: &PlanRequest,
+    fixed: Fixed,
+) -> Result<PlanChoice, PlanError> {
+    match choose_plan(profile, devices, net, workload, request, fixed) {
+        Err(plain) if plain.is_memory() => {
+            let lever = recomputing()?;
+            if !lever.key.gradient_checkpointing {
+                return Err(PlanError::Request(
+                    "the memory lever's profile was not taken with gradient checkpointing".into(),
+                ));
+            }
+            choose_plan(&lever, devices, net, workload, request, fixed).map_err(|recomputing| {
+                PlanError::EvenRecomputing {
+                    plain: Box::new(plain),
+                    recomputing: Box::new(recomputing),
+                }
+            })
+        }
+        other => other,
+    }
+}
+
 /// Predicts every plan `request` allows on `devices` and picks one: the fastest that fits
 /// each device's memory, where a fitting data-parallel plan stays unless a pipeline is more
 /// than [`DATA_PARALLEL_MARGIN`] faster, and plans within [`TIE_MARGIN`] of the fastest
@@ -164,7 +202,9 @@ pub fn choose_plan(
     let forced = !matches!(request, PlanRequest::Auto);
     let mut plans = Vec::new();
     let mut considered = 0;
-    let mut last_error = None;
+    // The error to report if nothing fits, with how far its plan is from fitting (requests
+    // that cannot be planned first).
+    let mut last_error: Option<(f64, PlanError)> = None;
     for (d, p) in shapes {
         let attempts: Vec<Result<Plan, PlanError>> = if p == 1 && fixed.schedule.is_none() {
             vec![predict_data_parallel(profile, devices, net, workload)]
@@ -178,9 +218,12 @@ pub fn choose_plan(
                     .collect(),
             };
             if counts.is_empty() {
-                last_error = Some(PlanError::Request(format!(
-                    "a batch of {batch} per pipeline cannot be cut into {p} or more micro-batches (one per stage at least)"
-                )));
+                last_error = Some((
+                    f64::NEG_INFINITY,
+                    PlanError::Request(format!(
+                        "a batch of {batch} per pipeline cannot be cut into {p} or more micro-batches (one per stage at least)"
+                    )),
+                ));
             }
             let schedule = fixed.schedule.unwrap_or(ScheduleKind::OneFOneB);
             counts
@@ -198,25 +241,64 @@ pub fn choose_plan(
         };
         for attempt in attempts {
             considered += 1;
-            match attempt {
+            // Of the plans that do not fit, the one closest to fitting explains best.
+            let (ratio, err) = match attempt {
                 Ok(plan) => match overflow(&plan, devices) {
-                    None => plans.push(plan),
+                    None => {
+                        plans.push(plan);
+                        continue;
+                    }
                     Some(details) => {
-                        last_error = Some(PlanError::ForcedDoesNotFit {
-                            plan: plan.summary(),
-                            details,
-                        });
+                        let ratio = worst_ratio(
+                            plan.predicted.device_bytes.iter().copied(),
+                            devices.iter().map(|d| d.memory),
+                        );
+                        let summary = plan.summary();
+                        (
+                            ratio,
+                            PlanError::ForcedDoesNotFit {
+                                plan: summary,
+                                details,
+                            },
+                        )
                     }
                 },
-                Err(err) => last_error = Some(err),
+                Err(err) => {
+                    let ratio = match &err {
+                        PlanError::NoSplitFits {
+                            stage_bytes,
+                            limits,
+                        } => worst_ratio(
+                            stage_bytes.iter().map(|&b| Some(b)),
+                            limits.iter().copied(),
+                        ),
+                        _ => f64::INFINITY,
+                    };
+                    (ratio, err)
+                }
+            };
+            if last_error.as_ref().is_none_or(|(best, _)| ratio < *best) {
+                last_error = Some((ratio, err));
             }
         }
     }
     if plans.is_empty() {
-        return Err(match (forced, last_error) {
+        return Err(match (forced, last_error.map(|(_, err)| err)) {
             (true, Some(err)) => err,
             (_, Some(err @ PlanError::Request(_))) => err,
-            _ => does_not_fit(profile, devices, workload),
+            // A segment too large for every device says why best; when each one fits some
+            // device, the plan closest to fitting says what it lacks.
+            (_, last) => match (does_not_fit(profile, devices, workload), last) {
+                (
+                    PlanError::DoesNotFit {
+                        segment_bytes,
+                        largest_device,
+                        ..
+                    },
+                    Some(tried),
+                ) if segment_bytes <= largest_device => tried,
+                (err, _) => err,
+            },
         });
     }
     let (chosen, runner_up) = pick(plans);
@@ -266,6 +348,17 @@ fn simplicity(plan: &Plan) -> (usize, usize) {
             ..
         } => (*stages, *micro_batches),
     }
+}
+
+/// The largest bytes ÷ limit over devices (unmeasured or unlimited ones count 0).
+fn worst_ratio(
+    bytes: impl Iterator<Item = Option<u64>>,
+    limits: impl Iterator<Item = Option<u64>>,
+) -> f64 {
+    bytes
+        .zip(limits)
+        .filter_map(|(bytes, limit)| Some(bytes? as f64 / limit?.max(1) as f64))
+        .fold(0.0, f64::max)
 }
 
 /// The devices whose predicted bytes exceed their limit, described; `None` if all fit.

@@ -7,12 +7,12 @@ use crate::{
     PlanError, PlanRequest, ProfileKey, SegmentProfile, Workload, choose_plan,
 };
 
-const MB: u64 = 1_000_000;
+pub(crate) const MB: u64 = 1_000_000;
 
 /// `segments` equal segments: per sample 1 ms forward and 2 ms backward, `params` trainable
 /// bytes each, 1 MB of kept activations and 0.1 MB of output per sample; profiled at
 /// batches 8 and 32 (times exactly proportional to the batch).
-fn profile(segments: usize, params: u64, activations_measured: bool) -> ModelProfile {
+pub(crate) fn profile(segments: usize, params: u64, activations_measured: bool) -> ModelProfile {
     let at = |batch: usize| BatchProfile {
         batch,
         segments: (0..segments)
@@ -36,13 +36,14 @@ fn profile(segments: usize, params: u64, activations_measured: bool) -> ModelPro
             threads: 1,
             batches: vec![8, 32],
             kiln: "test".into(),
+            gradient_checkpointing: false,
         },
         batches: vec![at(8), at(32)],
         update_seconds_per_byte: 0.0,
     }
 }
 
-fn devices(n: usize, memory: Option<u64>) -> Vec<PlanDevice> {
+pub(crate) fn devices(n: usize, memory: Option<u64>) -> Vec<PlanDevice> {
     (0..n)
         .map(|i| PlanDevice {
             name: format!("cpu:{i}"),
@@ -53,14 +54,14 @@ fn devices(n: usize, memory: Option<u64>) -> Vec<PlanDevice> {
 }
 
 /// All-reduce at 1 GB/s with 50 µs per bucket; stages share memory.
-const CHEAP: Interconnect = Interconnect {
+pub(crate) const CHEAP: Interconnect = Interconnect {
     all_reduce_latency: 5e-5,
     all_reduce_seconds_per_byte: 1e-9,
     transfer_seconds_per_byte: 0.0,
 };
 
 /// SGD with momentum: one state value per parameter.
-fn workload(global_batch: usize) -> Workload {
+pub(crate) fn workload(global_batch: usize) -> Workload {
     Workload {
         global_batch,
         optimizer_state_factor: 1.0,

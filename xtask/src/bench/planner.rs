@@ -93,6 +93,7 @@ fn profile(depth: usize, threads: usize) -> Result<ModelProfile, Box<dyn std::er
             threads,
             batches,
             kiln: "bench".into(),
+            gradient_checkpointing: false,
         },
         batches: profiles,
     })

@@ -53,6 +53,10 @@ pub struct PipelineConfig {
     /// Every this many steps (0: never), the data-parallel copies of each stage compare
     /// their parameters bit for bit and fail with [`PipelineError::Diverged`] if they differ.
     pub check_every: usize,
+    /// Stages train on Burn's gradient-checkpointing autodiff device: memory-bound
+    /// activations are recomputed in backward instead of kept (the planner's memory lever).
+    /// The loader's batches belong on [`PipelineConfig::train_device`] of the first stage's.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for PipelineConfig {
@@ -69,6 +73,7 @@ impl Default for PipelineConfig {
             precision: MixedPrecision::f32(),
             accumulation: 1,
             check_every: 0,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -110,6 +115,17 @@ impl PipelineConfig {
                 }
                 Ok(split.clone())
             }
+        }
+    }
+
+    /// The training device of a stage on `device`: autodiff, with gradient checkpointing if
+    /// asked for.
+    pub fn train_device(&self, device: &burn::tensor::Device) -> burn::tensor::Device {
+        let device = device.clone().autodiff();
+        if self.gradient_checkpointing {
+            device.gradient_checkpointing()
+        } else {
+            device
         }
     }
 

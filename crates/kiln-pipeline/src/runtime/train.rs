@@ -221,7 +221,7 @@ impl Pipeline {
                     let (group, index) = (thread / stages, thread % stages);
                     let start = StageStart {
                         index,
-                        device: self.devices[thread].clone().autodiff(),
+                        device: self.config.train_device(&self.devices[thread]),
                         threads,
                         build: &build,
                         optimizer: &optimizer,
