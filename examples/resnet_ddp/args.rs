@@ -331,7 +331,7 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
     let pipeline_unsupported: Vec<&str> = dp_only
         .iter()
         .copied()
-        .filter(|o| !["--amp", "--accumulation", "--check-every"].contains(o))
+        .filter(|o| !["--amp", "--accumulation", "--check-every", "--comm mpi"].contains(o))
         .collect();
     let planned_pipeline = matches!(
         args.plan,

@@ -53,6 +53,27 @@ pub fn run(
     shape: PipelineRun,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (stages, groups) = (shape.stages, shape.data_parallel);
+    // `--comm mpi`: one stage per process, each on its own `--devices` entry; rank 0 speaks.
+    let world = across_processes(args)?;
+    let primary = world.as_ref().is_none_or(|w| w.rank() == 0);
+    let devices = match &world {
+        Some(_) if devices.len() == 1 => vec![devices[0].clone(); stages],
+        Some(_) => {
+            return Err(format!(
+                "--comm mpi --pipeline {stages}: each process runs one stage on its one --devices entry, got {}",
+                devices.len()
+            )
+            .into());
+        }
+        None => devices,
+    };
+    macro_rules! say {
+        ($($arg:tt)*) => {
+            if primary {
+                println!($($arg)*);
+            }
+        };
+    }
     let (micro_batches, batch_size) = (shape.micro_batches, shape.batch_size);
     if devices.len() != groups * stages {
         return Err(format!(
@@ -66,7 +87,7 @@ pub fn run(
     let plan = Schedule::new(kind, stages, micro_batches * args.accumulation)?;
     if args.show_schedule {
         // Equal stages, backward twice a forward: the textbook shape of this schedule.
-        println!(
+        say!(
             "{}",
             plan.chart(&simulate(&plan, &Costs::uniform(1.0, 2.0))?)
         );
@@ -99,14 +120,19 @@ pub fn run(
         .unwrap_or(args.epochs * (loader.num_batches() / (groups * args.accumulation)));
     let step_samples = groups * batch_size * args.accumulation;
     if args.lr_scaling != crate::args::LrScalingArg::None {
-        println!("{}", args.lr_scaling.describe(args.lr, step_samples));
+        say!("{}", args.lr_scaling.describe(args.lr, step_samples));
     }
     let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
         .warmup((steps / 10).max(1))
         .cosine(steps, 0.0);
-    println!(
+    say!(
         "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each, {} batches a step) on {} | {steps} steps",
-        args.model, args.width, micro_batches, batch_size, args.accumulation, args.devices
+        args.model,
+        args.width,
+        micro_batches,
+        batch_size,
+        args.accumulation,
+        args.devices
     );
     let build = |device: &Device| -> ResNet { crate::build_model(args, setup, device) };
     let optimizer = crate::optimizer;
@@ -122,7 +148,7 @@ pub fn run(
     let mut pipeline = Pipeline::new(devices)
         .config(config)
         .valid_loader(valid_loader)
-        .log_epochs(true);
+        .log_epochs(primary);
     if let Some(saver) = crate::checkpoints::saver(args, &identity, &args.devices) {
         pipeline = pipeline.checkpoint(saver.layout(
             "plan",
@@ -132,7 +158,7 @@ pub fn run(
     let start = match &setup.resume_from {
         Some(path) => {
             let position = kiln::checkpoint::Manifest::read(path)?.position;
-            println!(
+            say!(
                 "resume: {} (step {}, epoch {}, step {} of it)",
                 path.display(),
                 position.step,
@@ -150,16 +176,19 @@ pub fn run(
     if let Some(log) = crate::checkpoints::run_log(args, &start)? {
         pipeline = pipeline.observer(log);
     }
+    if let Some(world) = world {
+        pipeline = pipeline_across(pipeline, world);
+    }
     let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
-    println!(
+    say!(
         "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} img/s",
         report.step_time.as_secs_f64() * 1e3,
         (groups * batch_size) as f64 / report.step_time.as_secs_f64().max(1e-9)
     );
     if let Some(predicted) = shape.predicted_step {
-        println!(
+        say!(
             "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
             predicted * 1e3,
             report.step_time.as_secs_f64() * 1e3,
@@ -167,7 +196,7 @@ pub fn run(
         );
     }
     for (index, stage) in report.stages.iter().enumerate() {
-        println!(
+        say!(
             "stage {index}: segments {:?} | parameters {:.2} MB | peak {} micro-batch activations | busy {:.0}%",
             stage.segments,
             stage.param_bytes as f64 / 1e6,
@@ -175,7 +204,7 @@ pub fn run(
             100.0 * stage.busy_fraction
         );
     }
-    println!(
+    say!(
         "bubble: measured {:.1}% | formula {:.1}% (equal stages)",
         100.0 * report.bubble_fraction(),
         100.0 * bubble_formula(kind, stages, micro_batches)?
@@ -188,12 +217,12 @@ pub fn run(
         .into_iter()
         .flat_map(|path| report.params[path].iter().copied())
         .collect();
-    println!(
+    say!(
         "trained parameters fingerprint: {:016x}",
         kiln::core::fingerprint_values(&values)
     );
     if args.amp.precision() != kiln::amp::Precision::F32 {
-        println!(
+        say!(
             "AMP {}: loss scale {}, {} of {} steps skipped",
             args.amp.precision(),
             report.amp.scale,
@@ -202,10 +231,42 @@ pub fn run(
         );
     }
     if let Some(stopped) = report.stopped_at {
-        println!(
+        say!(
             "stopped at step {} by SIGTERM; continue with --resume latest",
             stopped.step
         );
     }
     Ok(())
+}
+
+/// With `--comm mpi`, the MPI world (one stage per process).
+#[cfg(feature = "mpi")]
+fn across_processes(
+    args: &Args,
+) -> Result<Option<kiln::comm::Communicator>, Box<dyn std::error::Error>> {
+    if args.comm != crate::args::CommArg::Mpi {
+        return Ok(None);
+    }
+    let timeout = kiln::ddp::DdpConfig::default().timeout;
+    Ok(Some(kiln::comm::MpiCommunicator::world(timeout)?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn across_processes(
+    args: &Args,
+) -> Result<Option<kiln::comm::Communicator>, Box<dyn std::error::Error>> {
+    if args.comm == crate::args::CommArg::Mpi {
+        return Err("--comm mpi needs the example built with `--features mpi`".into());
+    }
+    Ok(None)
+}
+
+#[cfg(feature = "mpi")]
+fn pipeline_across(pipeline: Pipeline, world: kiln::comm::Communicator) -> Pipeline {
+    pipeline.across_processes(world)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn pipeline_across(pipeline: Pipeline, _: kiln::comm::Communicator) -> Pipeline {
+    pipeline
 }

@@ -60,6 +60,8 @@ mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi_backend;
 #[cfg(feature = "mpi")]
+mod mpi_messages;
+#[cfg(feature = "mpi")]
 mod mpi_p2p;
 mod op;
 mod worker;
@@ -74,6 +76,8 @@ pub use hybrid::{HybridCommunicator, hybrid_group};
 pub use in_process::{InProcessCommunicator, InProcessGroup};
 #[cfg(feature = "mpi")]
 pub use mpi_backend::MpiCommunicator;
+#[cfg(feature = "mpi")]
+pub use mpi_messages::MpiMessages;
 pub use op::ReduceOp;
 pub use worker::{AbortHandle, CommWorker, Pending, Timed};
 

@@ -28,6 +28,11 @@ pub(crate) fn set_thread_multiple(granted: bool) {
     let _ = THREAD_MULTIPLE.set(granted);
 }
 
+/// Whether MPI granted `MPI_THREAD_MULTIPLE` (false before MPI is initialised).
+pub(crate) fn thread_multiple() -> bool {
+    THREAD_MULTIPLE.get().copied().unwrap_or(false)
+}
+
 /// What one cross-process message needs to know about its replica.
 pub(crate) struct Endpoint<'a> {
     /// The global rank of the calling replica (for errors).

@@ -1,22 +1,21 @@
 //! Models as ordered lists of segments.
 //!
 //! Data-parallel training runs backward one segment at a time so that a segment's gradients
-//! are all-reduced while earlier segments are still differentiating. A planner that profiles
-//! segments and a pipeline runtime that places contiguous runs of them on devices are planned
-//! (kiln has data parallelism only today) and would need the same view of a model, which
-//! [`Segmented`] gives:
+//! are all-reduced while earlier segments are still differentiating; the planner profiles
+//! segments, and pipelines place contiguous runs of them on devices. All three need the same
+//! view of a model, which [`Segmented`] gives:
 //!
 //! ```text
 //!  Input ──▶ [input segment] ──Hidden──▶ [middle 0] ──Hidden──▶ … ──▶ [output segment] ──▶ Output
 //! ```
 //!
 //! The middle segments share one activation type ([`Segmented::Hidden`]), so every boundary
-//! can be cut with [`Activation::detach_boundary`] (and any contiguous run of them could form
-//! a pipeline stage, once pipelines exist). Running the segments in order must be exactly the
+//! can be cut with [`Activation::detach_boundary`] and any contiguous run of them can form a
+//! pipeline stage. Running the segments in order must be exactly the
 //! model's `forward` ([`forward_segments`]).
 
 use burn::module::{Module, ModuleVisitor};
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::{Device, Gradients, Tensor, TensorData};
 
 /// Names one segment of a [`Segmented`] model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,8 +39,18 @@ pub trait Activation: Clone + Send + 'static {
     /// The gradients of everything upstream equal those of the uncut graph: backward of
     /// `sum(self * upstream)` seeds exactly `upstream` at `self`.
     fn backward_with(&self, upstream: Self) -> Gradients;
-    /// Size in bytes (for the planned memory profiling and pipeline transfers).
+    /// Size in bytes (for memory profiling and pipeline transfers).
     fn size_bytes(&self) -> usize;
+    /// Its tensors' values, for a pipeline stage in another process; `None` (the default)
+    /// when the type cannot travel so (implement both halves to let it).
+    fn to_host(&self) -> Option<Vec<TensorData>> {
+        None
+    }
+    /// The value [`to_host`](Self::to_host) gave, rebuilt on `device` (outside any graph).
+    fn from_host(parts: Vec<TensorData>, device: &Device) -> Option<Self> {
+        let _ = (parts, device);
+        None
+    }
 }
 
 impl<const D: usize> Activation for Tensor<D> {
@@ -60,12 +69,22 @@ impl<const D: usize> Activation for Tensor<D> {
     fn size_bytes(&self) -> usize {
         self.shape().num_elements() * self.dtype().size()
     }
+
+    fn to_host(&self) -> Option<Vec<TensorData>> {
+        Some(vec![self.clone().detach().into_data()])
+    }
+
+    fn from_host(parts: Vec<TensorData>, device: &Device) -> Option<Self> {
+        let [data] = <[TensorData; 1]>::try_from(parts).ok()?;
+        let dtype = data.dtype();
+        (data.shape().len() == D).then(|| Tensor::from_data(data, (device, dtype)))
+    }
 }
 
 /// A model that can run as an ordered list of segments.
 ///
-/// Implement it for your own Burn model to get overlapped gradient sync (the planned
-/// pipeline stages and planner would build on it too). The contract: [`forward_segments`]
+/// Implement it for your own Burn model to get overlapped gradient sync, pipeline stages and
+/// the planner. The contract: [`forward_segments`]
 /// returns exactly what the model's own forward returns, and
 /// [`visit_segment`](Self::visit_segment) over all segments visits every parameter exactly
 /// once.

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::Checkpointer;
+use kiln_comm::Communicator;
 use kiln_data::{DataLoader, ImageBatch};
 use kiln_train::{EpochSummary, LrSchedule, StepRecord, StopFlag, TrainObserver, TrainPosition};
 
@@ -13,10 +14,16 @@ use crate::runtime::mailbox::Abort;
 use crate::runtime::worker::{StepData, StepDone};
 use crate::runtime::{PipelineConfig, PipelineError};
 
-/// The driver's ends of the stages' channels: one step sender per stage thread, in
-/// (group, stage) order.
+/// The driver's ends of the stages' channels: one step sender per stage thread of this
+/// process, in (group, stage) order.
 pub(crate) struct ToStages<'a> {
     pub step_senders: &'a [Sender<StepData>],
+    /// The thread (in (group, stage) order over all processes) each sender feeds.
+    pub threads: &'a [usize],
+    /// Stage threads over all processes (D × P).
+    pub total: usize,
+    /// With stages in other processes: the world, over which each step's loss sums.
+    pub across: Option<&'a Communicator>,
     pub done: &'a Receiver<StepDone>,
     pub abort: &'a Abort,
     /// Stages per pipeline (P); `step_senders.len()` is D × P.
@@ -75,9 +82,12 @@ pub(crate) fn drive(
 ) -> Result<Driven, PipelineError> {
     let &ToStages {
         step_senders,
+        threads: local,
+        total: threads,
         done,
         abort,
         stages,
+        across,
     } = to_stages;
     let Around {
         start,
@@ -88,7 +98,6 @@ pub(crate) fn drive(
         mut valid,
         log_epochs,
     } = around;
-    let threads = step_senders.len();
     let groups = threads / stages.max(1);
     // Batches one step takes: `accumulation` for each pipeline.
     let per_step = groups * config.accumulation;
@@ -151,7 +160,7 @@ pub(crate) fn drive(
         let samples: usize = cuts.iter().flatten().map(|b| b.indices.len()).sum();
         let lr = schedule.lr(step);
         let began = Instant::now();
-        for (thread, sender) in step_senders.iter().enumerate() {
+        for (&thread, sender) in local.iter().zip(step_senders) {
             let data = StepData {
                 lr,
                 micro_batches: cuts[thread / stages].clone(),
@@ -169,7 +178,7 @@ pub(crate) fn drive(
             }
         }
         let (mut loss_sum, mut correct) = (0.0, 0);
-        for _ in 0..threads {
+        for _ in 0..local.len() {
             let report = abort
                 .recv(done, config.timeout)
                 .map_err(|_| PipelineError::PeerLost {
@@ -185,6 +194,8 @@ pub(crate) fn drive(
             }
             driven.peak[thread] = driven.peak[thread].max(report.peak_in_flight);
         }
+        // Stages in other processes: the loss is the last stage's, wherever it runs.
+        (loss_sum, correct) = sum_across(across, loss_sum, correct)?;
         let took = began.elapsed();
         if step > first || steps == first + 1 {
             driven.step_time += took;
@@ -269,7 +280,15 @@ fn validate(
         let batch = batch?;
         let size = batch.indices.len();
         let micro_batches = cut(batch, config.micro_batches.min(size).max(1))?;
-        for sender in &to_stages.step_senders[..to_stages.stages] {
+        // The first pipeline's stages of this process.
+        let first: Vec<_> = to_stages
+            .threads
+            .iter()
+            .zip(to_stages.step_senders)
+            .filter(|(thread, _)| **thread < to_stages.stages)
+            .map(|(_, sender)| sender)
+            .collect();
+        for sender in &first {
             let data = StepData {
                 lr: 0.0,
                 micro_batches: micro_batches.clone(),
@@ -286,7 +305,7 @@ fn validate(
                 });
             }
         }
-        for _ in 0..to_stages.stages {
+        for _ in 0..first.len() {
             let report = to_stages
                 .abort
                 .recv(to_stages.done, config.timeout)
@@ -299,11 +318,31 @@ fn validate(
         }
         samples += size;
     }
+    (loss_sum, correct) = sum_across(to_stages.across, loss_sum, correct)?;
     let samples = samples.max(1) as f64;
     Ok((
         (loss_sum / samples) as f32,
         (correct as f64 / samples) as f32,
     ))
+}
+
+/// `loss_sum` and `correct` summed over the processes of `across` (as they are without).
+fn sum_across(
+    across: Option<&Communicator>,
+    loss_sum: f64,
+    correct: usize,
+) -> Result<(f64, usize), PipelineError> {
+    let Some(world) = across else {
+        return Ok((loss_sum, correct));
+    };
+    let mut values = [loss_sum as f32, correct as f32];
+    world
+        .all_reduce(&mut values, kiln_comm::ReduceOp::Sum)
+        .map_err(|err| PipelineError::PeerLost {
+            stage: 0,
+            what: format!("the other processes' step results ({err})"),
+        })?;
+    Ok((f64::from(values[0]), values[1] as usize))
 }
 
 /// Adds `times` element-wise into `total` (which starts empty).

@@ -8,10 +8,14 @@ mod empty;
 mod error;
 mod evaluate;
 mod mailbox;
+#[cfg(feature = "mpi")]
+mod processes;
 mod report;
 mod stage;
 mod stage_start;
 mod train;
+#[cfg(any(feature = "mpi", test))]
+mod wire;
 mod worker;
 
 pub use config::PipelineConfig;

@@ -42,7 +42,8 @@ pub struct PipelineReport {
     pub step_time: Duration,
     /// The step time the schedule predicts from the measured per-chunk forward and backward
     /// times (its simulation, bubble included, transfers and the optimizer step not): what
-    /// `step_time` would be if the stages did nothing but compute and wait for each other.
+    /// `step_time` would be if the stages did nothing but compute and wait for each other
+    /// (zero with stages in other processes: each reports its own).
     pub predicted_step_time: Duration,
     /// The trained trainable parameters, by path.
     pub params: HashMap<String, Vec<f32>>,
@@ -67,16 +68,20 @@ impl PipelineReport {
 
 /// The report, or the root cause of a failure (a stage's own error before the errors of
 /// stages that only lost it).
+///
+/// `results` are this process's stage threads', `threads` their indices in (group, stage)
+/// order over all processes.
 pub(crate) fn finish<M: ImageClassifier>(
     driven: Result<Driven, PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
+    threads: &[usize],
     plan: &Schedule,
 ) -> Result<PipelineReport, PipelineError> {
     let mut errors = Vec::new();
     let mut trained = Vec::with_capacity(results.len());
-    for result in results {
+    for (result, &thread) in results.into_iter().zip(threads) {
         match result {
-            Ok(stage) => trained.push(stage),
+            Ok(stage) => trained.push((thread, stage)),
             Err(err) => errors.push(err),
         }
     }
@@ -95,11 +100,14 @@ pub(crate) fn finish<M: ImageClassifier>(
     let steps_timed = driven.losses.len().saturating_sub(1).max(1) as u32;
     let step_time = driven.step_time / steps_timed;
     // The data-parallel groups' stages mirror each other: report the first group's.
-    trained.truncate(plan.stages());
-    let amp = trained.first().map(|stage| stage.amp).unwrap_or_default();
+    trained.retain(|(thread, _)| *thread < plan.stages());
+    let amp = trained
+        .first()
+        .map(|(_, stage)| stage.amp)
+        .unwrap_or_default();
     let mut params = HashMap::new();
     let mut stages = Vec::with_capacity(trained.len());
-    for (index, stage) in trained.into_iter().enumerate() {
+    for (index, stage) in trained {
         let flat = read_params(&stage.model, stage.layout());
         for entry in stage.layout().entries() {
             let values = flat[entry.offset..entry.offset + entry.info.numel()].to_vec();
@@ -124,7 +132,12 @@ pub(crate) fn finish<M: ImageClassifier>(
             backward_time: per_micro_batch(&driven.backward[index]),
         });
     }
-    let predicted_step_time = predicted_step_time(&stages, plan);
+    // With stages in other processes this one reports its own only: no whole prediction.
+    let predicted_step_time = if stages.len() == plan.stages() {
+        predicted_step_time(&stages, plan)
+    } else {
+        Duration::ZERO
+    };
     Ok(PipelineReport {
         losses: driven.losses,
         stages,

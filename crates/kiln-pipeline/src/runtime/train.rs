@@ -58,6 +58,8 @@ pub struct Pipeline {
     observer: Mutex<Option<Box<dyn TrainObserver>>>,
     valid: Mutex<Option<DataLoader>>,
     log_epochs: bool,
+    /// With stages in other processes: the MPI world, one stage per process.
+    processes: Option<Communicator>,
 }
 
 impl Pipeline {
@@ -72,6 +74,7 @@ impl Pipeline {
             observer: Mutex::new(None),
             valid: Mutex::new(None),
             log_epochs: false,
+            processes: None,
         }
     }
 
@@ -112,6 +115,19 @@ impl Pipeline {
     /// device (without autodiff).
     pub fn valid_loader(self, loader: DataLoader) -> Self {
         *self.valid.lock().unwrap_or_else(|p| p.into_inner()) = Some(loader);
+        self
+    }
+
+    /// Runs the pipeline across the processes of `world` (an MPI world communicator,
+    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: process `r` runs stage
+    /// `r` on `devices[r]` (every process passes the same list and the same loader, and
+    /// drives its own stage). Activations and gradients travel as MPI messages whose length
+    /// the receiver learns; each step's loss is summed over the processes; rank 0's report
+    /// holds every stage's trained parameters. A failing stage ends the MPI job. Not yet
+    /// across processes: data-parallel pipelines, clipping, mixed precision, checkpoints.
+    #[cfg(feature = "mpi")]
+    pub fn across_processes(mut self, world: Communicator) -> Self {
+        self.processes = Some(world);
         self
     }
 
@@ -177,10 +193,18 @@ impl Pipeline {
             stages,
             self.config.micro_batches_per_step(),
         )?;
+        // The stage threads of this process: all of them, or its own stage across processes.
+        let local: Vec<usize> = match &self.processes {
+            None => (0..total).collect(),
+            Some(world) => {
+                self.refuse_across_processes(world, stages, groups)?;
+                vec![world.rank()]
+            }
+        };
         let threads = self
             .config
             .threads_per_stage
-            .unwrap_or_else(|| (rayon::current_num_threads() / total).max(1));
+            .unwrap_or_else(|| (rayon::current_num_threads() / local.len()).max(1));
 
         // Messages stay inside a pipeline: one set of channels per data-parallel group.
         let mut peers = Vec::with_capacity(groups);
@@ -205,19 +229,38 @@ impl Pipeline {
             agreeing,
         );
         let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
-            (0..total).map(|_| bounded(1)).unzip();
+            local.iter().map(|_| bounded(1)).unzip();
+        let mut step_receivers = step_receivers.into_iter();
         let (done_sender, done_receiver) = unbounded();
         let (part_sender, part_receiver) = unbounded();
         let mut writes = Writes::new(part_receiver, stages, timeout);
         let abort = Abort::default();
         std::thread::scope(|scope| {
+            // Across processes, the local stage's sends to the others go through link threads.
+            #[cfg(feature = "mpi")]
+            let mut linked = None;
+            #[cfg(feature = "mpi")]
+            if let Some(world) = &self.processes {
+                let rank = world.rank();
+                let device = self.config.train_device(&self.devices[rank]);
+                let (links, guard) = crate::runtime::processes::link(
+                    scope,
+                    world,
+                    peers[0][rank].clone(),
+                    device,
+                    abort.clone(),
+                )?;
+                peers[0] = links;
+                linked = Some(guard);
+            }
             let handles: Vec<_> = inboxes
                 .into_iter()
-                .zip(step_receivers)
                 .zip(replicas)
                 .zip(pipelines)
                 .enumerate()
-                .map(|(thread, (((inbox, steps), replicas), pipeline))| {
+                .filter(|(thread, _)| local.contains(thread))
+                .map(|(thread, ((inbox, replicas), pipeline))| {
+                    let steps = step_receivers.next().expect("one per local thread");
                     let (group, index) = (thread / stages, thread % stages);
                     let start = StageStart {
                         index,
@@ -251,6 +294,9 @@ impl Pipeline {
             drop((peers, done_sender, part_sender));
             let to_stages = ToStages {
                 step_senders: &step_senders,
+                threads: &local,
+                total,
+                across: self.processes.as_ref(),
                 done: &done_receiver,
                 abort: &abort,
                 stages,
@@ -271,8 +317,8 @@ impl Pipeline {
                 abort.raise();
             }
             drop(step_senders);
-            let mut results = Vec::with_capacity(total);
-            for (thread, handle) in handles.into_iter().enumerate() {
+            let mut results = Vec::with_capacity(local.len());
+            for (&thread, handle) in local.iter().zip(handles) {
                 results.push(handle.join().unwrap_or_else(|panic| {
                     Err(PipelineError::Stage {
                         stage: thread % stages,
@@ -280,12 +326,83 @@ impl Pipeline {
                     })
                 }));
             }
-            finish(driven, results, &plan)
+            #[cfg(feature = "mpi")]
+            if let Some(guard) = linked
+                && let Err(err) = guard.finish()
+            {
+                results.push(Err(err));
+            }
+            let report = finish(driven, results, &local, &plan);
+            self.across_processes_end(report)
         })
     }
 }
 
 impl Pipeline {
+    /// Refuses what does not run across processes yet.
+    fn refuse_across_processes(
+        &self,
+        world: &Communicator,
+        stages: usize,
+        groups: usize,
+    ) -> Result<(), PipelineError> {
+        #[cfg(feature = "mpi")]
+        crate::runtime::processes::check(world, stages, groups)?;
+        #[cfg(not(feature = "mpi"))]
+        let _ = (world, stages, groups);
+        let config = &self.config;
+        let unsupported = [
+            (config.max_grad_norm.is_some(), "clipping"),
+            (!config.precision.is_f32(), "mixed precision"),
+            (
+                self.checkpointer.is_some() || self.resume.is_some(),
+                "checkpoints",
+            ),
+        ];
+        let named: Vec<&str> = unsupported
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, name)| *name)
+            .collect();
+        if !named.is_empty() {
+            return Err(PipelineError::Config(format!(
+                "{} across processes: not built yet (in one process they work)",
+                named.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Across processes: rank 0 gathers every stage's trained parameters; a failure ends
+    /// the MPI job, so that no other process waits for this one.
+    fn across_processes_end(
+        &self,
+        report: Result<PipelineReport, PipelineError>,
+    ) -> Result<PipelineReport, PipelineError> {
+        let Some(world) = &self.processes else {
+            return report;
+        };
+        let report = match report {
+            Ok(report) => report,
+            Err(err) => {
+                // MPI's abort ends every process (it does not return).
+                world.abort(format!("its pipeline stage failed: {err}"));
+                return Err(err);
+            }
+        };
+        #[cfg(feature = "mpi")]
+        let report = {
+            let mut report = report;
+            crate::runtime::processes::gather_params(
+                world,
+                &mut report.params,
+                self.config.timeout,
+            )?;
+            report
+        };
+        Ok(report)
+    }
+
     /// Where a resumed run starts: the checkpoint's position, once its manifest is read and
     /// its run is this one (each stage checks every file when it loads its part).
     fn resume_position(&self) -> Result<TrainPosition, PipelineError> {
