@@ -30,4 +30,6 @@ mod precision_tests;
 #[cfg(test)]
 mod run_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;

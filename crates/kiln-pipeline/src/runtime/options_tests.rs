@@ -1,67 +1,27 @@
 //! Gradient accumulation (one flush over every accumulated micro-batch) and the divergence
 //! check of data-parallel pipelines.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln_core::{init_module, param_infos, read_params};
-use kiln_data::{DataLoader, SyntheticImages};
-use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_resnet::ResNet;
 use kiln_train::{LrSchedule, Trainer};
+
+use crate::runtime::test_support::{by_path, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineError};
 
-fn build_seeded(device: &Device, seed: u64) -> ResNet {
-    init_module(device, seed, || {
-        ResNetConfig::resnet18(4)
-            .with_stem(StemKind::Cifar)
-            .with_base_width(2)
-            .init(device)
-    })
-}
-
 fn build(device: &Device) -> ResNet {
-    build_seeded(device, 17)
-}
-
-fn optimizer() -> burn::optim::ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .init()
-}
-
-fn loader(batch: usize) -> DataLoader {
-    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
-        .batch_size(batch)
-        .shuffle(2)
-        .drop_last(true)
-        .device(Device::flex().autodiff())
-        .build()
-}
-
-fn by_path(model: &ResNet) -> HashMap<String, Vec<f32>> {
-    let layout = kiln_core::FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
-    let flat = read_params(model, &layout);
-    layout
-        .entries()
-        .iter()
-        .map(|e| {
-            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-            (e.info.path.clone(), values)
-        })
-        .collect()
+    resnet(device, 17)
 }
 
 #[test]
 fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_batch() {
     // 3 steps of 2 accumulated batches of 12, each cut into 2 micro-batches of 6.
-    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), sgd())
         .schedule(LrSchedule::constant(0.1))
-        .train_loader(loader(6))
+        .train_loader(shuffled(6))
         .accumulation_steps(4)
         .max_steps(3)
         .progress(false)
@@ -81,9 +41,9 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
         .config(config)
         .train(
             build,
-            optimizer,
+            sgd,
             &LrSchedule::constant(0.1),
-            &mut loader(12),
+            &mut shuffled(12),
             3,
         )
         .unwrap();
@@ -101,9 +61,9 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
         })
         .train(
             build,
-            optimizer,
+            sgd,
             &LrSchedule::constant(0.1),
-            &mut loader(12),
+            &mut shuffled(12),
             3,
         )
         .unwrap();
@@ -115,9 +75,9 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
         })
         .train(
             build,
-            optimizer,
+            sgd,
             &LrSchedule::constant(0.1),
-            &mut loader(12),
+            &mut shuffled(12),
             1,
         )
         .unwrap_err();
@@ -137,9 +97,9 @@ fn data_parallel_copies_that_differ_are_caught_by_the_divergence_check() {
         .config(config.clone())
         .train(
             build,
-            optimizer,
+            sgd,
             &LrSchedule::constant(0.1),
-            &mut loader(12),
+            &mut shuffled(12),
             2,
         )
         .unwrap();
@@ -151,15 +111,15 @@ fn data_parallel_copies_that_differ_are_caught_by_the_divergence_check() {
         } else {
             17
         };
-        build_seeded(device, seed)
+        resnet(device, seed)
     };
     let err = Pipeline::new(vec![Device::flex(); 4])
         .config(config)
         .train(
             odd,
-            optimizer,
+            sgd,
             &LrSchedule::constant(0.1),
-            &mut loader(12),
+            &mut shuffled(12),
             2,
         )
         .unwrap_err();

@@ -5,16 +5,13 @@
 
 use std::collections::HashMap;
 
-use burn::module::Module;
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln_amp::{GradScaler, GradScalerConfig, MixedPrecision, Precision};
 use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity};
-use kiln_core::{init_module, param_infos, read_params};
-use kiln_data::{DataLoader, SyntheticImages};
-use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_resnet::ResNet;
 use kiln_train::{LocalStep, LrSchedule, Trainer};
+
+use crate::runtime::test_support::{by_path, change_error, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
@@ -27,40 +24,7 @@ const STEPS: usize = 4;
 const TOLERANCE: f64 = 1e-4;
 
 fn build(device: &Device) -> ResNet {
-    init_module(device, 13, || {
-        ResNetConfig::resnet18(4)
-            .with_stem(StemKind::Cifar)
-            .with_base_width(2)
-            .init(device)
-    })
-}
-
-fn optimizer() -> burn::optim::ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .init()
-}
-
-fn loader(batch: usize) -> DataLoader {
-    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
-        .batch_size(batch)
-        .shuffle(2)
-        .drop_last(true)
-        .device(Device::flex().autodiff())
-        .build()
-}
-
-fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
-    let layout = kiln_core::FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
-    let flat = read_params(model, &layout);
-    layout
-        .entries()
-        .iter()
-        .map(|e| {
-            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-            (e.info.path.clone(), values)
-        })
-        .collect()
+    resnet(device, 13)
 }
 
 fn pipeline(precision: MixedPrecision, steps: usize) -> PipelineReport {
@@ -74,19 +38,19 @@ fn pipeline(precision: MixedPrecision, steps: usize) -> PipelineReport {
         .config(config)
         .train(
             build,
-            optimizer,
+            sgd,
             &LrSchedule::constant(0.1),
-            &mut loader(BATCH),
+            &mut shuffled(BATCH),
             steps,
         )
         .unwrap()
 }
 
 fn one_device(precision: MixedPrecision) -> HashMap<String, Vec<f32>> {
-    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), sgd())
         .gradient_step(LocalStep::new().with_precision(precision))
         .schedule(LrSchedule::constant(0.1))
-        .train_loader(loader(BATCH / MICRO))
+        .train_loader(shuffled(BATCH / MICRO))
         .accumulation_steps(MICRO)
         .max_steps(STEPS)
         .progress(false)
@@ -96,22 +60,6 @@ fn one_device(precision: MixedPrecision) -> HashMap<String, Vec<f32>> {
         .fit()
         .unwrap();
     by_path(&model)
-}
-
-fn change_error(
-    start: &HashMap<String, Vec<f32>>,
-    want: &HashMap<String, Vec<f32>>,
-    got: &HashMap<String, Vec<f32>>,
-) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (path, s) in start {
-        for ((s, w), g) in s.iter().zip(&want[path]).zip(&got[path]) {
-            let (dw, dg) = (f64::from(w - s), f64::from(g - s));
-            diff += (dw - dg).powi(2);
-            norm += dw.powi(2);
-        }
-    }
-    (diff / norm.max(1e-30)).sqrt()
 }
 
 #[test]
@@ -167,9 +115,9 @@ fn under_f16_every_stage_skips_an_overflowing_step_and_a_checkpoint_keeps_the_sc
         pipeline
             .train(
                 build,
-                optimizer,
+                sgd,
                 &LrSchedule::constant(0.1),
-                &mut loader(BATCH),
+                &mut shuffled(BATCH),
                 STEPS,
             )
             .unwrap()

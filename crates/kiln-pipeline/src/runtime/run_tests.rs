@@ -6,18 +6,16 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume};
-use kiln_core::{init_module, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
-use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_resnet::ResNet;
 use kiln_train::{
     EpochSummary, LrSchedule, StepRecord, StopFlag, TrainError, TrainObserver, TrainPosition,
     Trainer,
 };
 
+use crate::runtime::test_support::{by_path, change_error, resnet, sgd, shuffled};
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
 
@@ -32,27 +30,7 @@ const STEPS: usize = 10;
 const TOLERANCE: f64 = 1e-5;
 
 fn build(device: &Device) -> ResNet {
-    init_module(device, 11, || {
-        ResNetConfig::resnet18(4)
-            .with_stem(StemKind::Cifar)
-            .with_base_width(2)
-            .init(device)
-    })
-}
-
-fn optimizer() -> burn::optim::ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
-        .init()
-}
-
-fn loader(batch: usize) -> DataLoader {
-    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
-        .batch_size(batch)
-        .shuffle(2)
-        .drop_last(true)
-        .device(Device::flex().autodiff())
-        .build()
+    resnet(device, 11)
 }
 
 fn identity() -> RunIdentity {
@@ -124,7 +102,7 @@ fn pipeline(
         pipeline = pipeline.observer(observer);
     }
     pipeline
-        .train(build, optimizer, &schedule(), &mut loader(BATCH), STEPS)
+        .train(build, sgd, &schedule(), &mut shuffled(BATCH), STEPS)
         .unwrap()
 }
 
@@ -138,19 +116,15 @@ fn one_device(
     let device = Device::flex().autodiff();
     let (model, optimizer, position) = match from {
         Some(path) => {
-            let r = resume(&path, &identity(), build(&device), optimizer()).unwrap();
-            let o = if fresh_optimizer {
-                optimizer()
-            } else {
-                r.optimizer
-            };
+            let r = resume(&path, &identity(), build(&device), sgd()).unwrap();
+            let o = if fresh_optimizer { sgd() } else { r.optimizer };
             (r.model, o, r.position)
         }
-        None => (build(&device), optimizer(), TrainPosition::default()),
+        None => (build(&device), sgd(), TrainPosition::default()),
     };
     let (model, _) = Trainer::builder(model, optimizer)
         .schedule(schedule())
-        .train_loader(loader(BATCH / MICRO))
+        .train_loader(shuffled(BATCH / MICRO))
         .accumulation_steps(MICRO)
         .max_steps(STEPS)
         .checkpoint(Checkpointer::new(
@@ -165,52 +139,12 @@ fn one_device(
         .unwrap()
         .fit()
         .unwrap();
-    let layout =
-        kiln_core::FlatLayout::new(param_infos(&model).into_iter().filter(|i| i.trainable));
-    let flat = read_params(&model, &layout);
-    layout
-        .entries()
-        .iter()
-        .map(|e| {
-            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-            (e.info.path.clone(), values)
-        })
-        .collect()
-}
-
-/// The largest relative error of `got`'s parameter changes from `start` against `want`'s.
-fn change_error(
-    start: &HashMap<String, Vec<f32>>,
-    want: &HashMap<String, Vec<f32>>,
-    got: &HashMap<String, Vec<f32>>,
-) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (path, s) in start {
-        for ((s, w), g) in s.iter().zip(&want[path]).zip(&got[path]) {
-            let (dw, dg) = (f64::from(w - s), f64::from(g - s));
-            diff += (dw - dg).powi(2);
-            norm += dw.powi(2);
-        }
-    }
-    (diff / norm.max(1e-30)).sqrt()
+    by_path(&model)
 }
 
 #[test]
 fn a_resumed_pipeline_continues_bit_for_bit_and_its_checkpoint_resumes_under_any_plan() {
-    let start = {
-        let model = build(&Device::flex().autodiff());
-        let layout =
-            kiln_core::FlatLayout::new(param_infos(&model).into_iter().filter(|i| i.trainable));
-        let flat = read_params(&model, &layout);
-        layout
-            .entries()
-            .iter()
-            .map(|e| {
-                let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-                (e.info.path.clone(), values)
-            })
-            .collect::<HashMap<_, _>>()
-    };
+    let start = by_path(&build(&Device::flex().autodiff()));
     let dir = scratch("whole");
     let seen = Seen::default();
     let told = std::sync::Arc::clone(&seen.told);
@@ -313,7 +247,7 @@ fn a_stop_request_ends_the_pipeline_after_the_step_with_a_checkpoint() {
     // Another run's checkpoint is refused before any stage starts, naming the difference.
     let err = Pipeline::new(vec![Device::flex(); 2])
         .resume(store.path_for(4), identity().with("lr", 0.5))
-        .train(build, optimizer, &schedule(), &mut loader(BATCH), STEPS)
+        .train(build, sgd, &schedule(), &mut shuffled(BATCH), STEPS)
         .unwrap_err();
     assert!(
         err.to_string()
@@ -335,9 +269,9 @@ fn valid_loader() -> DataLoader {
 #[test]
 fn validation_through_the_pipeline_scores_like_one_device() {
     // One device accumulating the same micro-batches, validated after each epoch.
-    let (_, report) = Trainer::builder(build(&Device::flex().autodiff()), optimizer())
+    let (_, report) = Trainer::builder(build(&Device::flex().autodiff()), sgd())
         .schedule(schedule())
-        .train_loader(loader(BATCH / MICRO))
+        .train_loader(shuffled(BATCH / MICRO))
         .accumulation_steps(MICRO)
         .valid_loader(valid_loader())
         .max_steps(8)
@@ -367,7 +301,7 @@ fn validation_through_the_pipeline_scores_like_one_device() {
         let got = Pipeline::new(vec![Device::flex(); 2])
             .config(config)
             .valid_loader(valid_loader())
-            .train(build, optimizer, &schedule(), &mut loader(BATCH), 8)
+            .train(build, sgd, &schedule(), &mut shuffled(BATCH), 8)
             .unwrap();
         let got: Vec<(f32, f32)> = got
             .epochs

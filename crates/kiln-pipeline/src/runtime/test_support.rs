@@ -1,0 +1,71 @@
+//! What the pipeline's run tests share: a small seeded ResNet, SGD with momentum, a shuffled
+//! synthetic loader, parameters by path and the relative error of parameter changes.
+
+use std::collections::HashMap;
+
+use burn::module::Module;
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::Device;
+use kiln_core::{init_module, param_infos, read_params};
+use kiln_data::{DataLoader, SyntheticImages};
+use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+
+/// ResNet-18 of base width 2 (CIFAR stem, 4 classes), seeded.
+pub(crate) fn resnet(device: &Device, seed: u64) -> ResNet {
+    init_module(device, seed, || {
+        ResNetConfig::resnet18(4)
+            .with_stem(StemKind::Cifar)
+            .with_base_width(2)
+            .init(device)
+    })
+}
+
+/// SGD with momentum 0.9.
+pub(crate) fn sgd() -> burn::optim::ModuleOptimizer {
+    SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .init()
+}
+
+/// 96 synthetic 8×8 images, shuffled, whole batches of `batch`, on the training device.
+pub(crate) fn shuffled(batch: usize) -> DataLoader {
+    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
+        .batch_size(batch)
+        .shuffle(2)
+        .drop_last(true)
+        .device(Device::flex().autodiff())
+        .build()
+}
+
+/// Trainable parameters by path.
+pub(crate) fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
+    let layout = kiln_core::FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
+    let flat = read_params(model, &layout);
+    layout
+        .entries()
+        .iter()
+        .map(|e| {
+            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
+            (e.info.path.clone(), values)
+        })
+        .collect()
+}
+
+/// The relative error (in the whole model's norm) of `got`'s parameter changes from `start`
+/// against `want`'s.
+pub(crate) fn change_error(
+    start: &HashMap<String, Vec<f32>>,
+    want: &HashMap<String, Vec<f32>>,
+    got: &HashMap<String, Vec<f32>>,
+) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (path, s) in start {
+        for ((s, w), g) in s.iter().zip(&want[path]).zip(&got[path]) {
+            let (dw, dg) = (f64::from(w - s), f64::from(g - s));
+            diff += (dw - dg).powi(2);
+            norm += dw.powi(2);
+        }
+    }
+    (diff / norm.max(1e-30)).sqrt()
+}
