@@ -39,13 +39,7 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
     };
     let report = Pipeline::new(vec![Device::flex(); 2])
         .config(config)
-        .train(
-            build,
-            sgd,
-            &LrSchedule::constant(0.1),
-            &mut shuffled(12),
-            3,
-        )
+        .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 3)
         .unwrap();
     assert_eq!(
         report.params, want,
@@ -59,13 +53,7 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
             micro_batches: 2,
             ..PipelineConfig::default()
         })
-        .train(
-            build,
-            sgd,
-            &LrSchedule::constant(0.1),
-            &mut shuffled(12),
-            3,
-        )
+        .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 3)
         .unwrap();
     assert_ne!(plain.params, want);
     let refused = Pipeline::new(vec![Device::flex(); 2])
@@ -73,13 +61,7 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
             accumulation: 0,
             ..PipelineConfig::default()
         })
-        .train(
-            build,
-            sgd,
-            &LrSchedule::constant(0.1),
-            &mut shuffled(12),
-            1,
-        )
+        .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 1)
         .unwrap_err();
     assert!(refused.to_string().contains("accumulation"), "{refused}");
 }
@@ -95,13 +77,7 @@ fn data_parallel_copies_that_differ_are_caught_by_the_divergence_check() {
     // Identical copies pass the check after every step.
     Pipeline::new(vec![Device::flex(); 4])
         .config(config.clone())
-        .train(
-            build,
-            sgd,
-            &LrSchedule::constant(0.1),
-            &mut shuffled(12),
-            2,
-        )
+        .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 2)
         .unwrap();
     // One of the four stage threads builds its copy from another seed.
     let calls = AtomicUsize::new(0);
@@ -115,13 +91,7 @@ fn data_parallel_copies_that_differ_are_caught_by_the_divergence_check() {
     };
     let err = Pipeline::new(vec![Device::flex(); 4])
         .config(config)
-        .train(
-            odd,
-            sgd,
-            &LrSchedule::constant(0.1),
-            &mut shuffled(12),
-            2,
-        )
+        .train(odd, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 2)
         .unwrap_err();
     assert!(
         matches!(err, PipelineError::Diverged { step: 0, .. }),

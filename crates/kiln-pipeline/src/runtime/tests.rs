@@ -11,12 +11,13 @@ use burn::module::Module;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::{Device, Tensor};
-use kiln_core::{ImageClassifier, SegmentId, Segmented, init_module, param_infos, read_params};
+use kiln_core::{ImageClassifier, SegmentId, Segmented, init_module};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 use kiln_train::{LocalStep, LrSchedule, Trainer};
 
 use crate::runtime::empty::float_bytes;
+use crate::runtime::test_support::by_path;
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineError};
 
@@ -58,24 +59,6 @@ fn loader(batch: usize) -> DataLoader {
         .shuffle(2)
         .device(Device::flex().autodiff())
         .build()
-}
-
-/// Trainable parameters by path.
-fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
-    let infos: Vec<_> = param_infos(model)
-        .into_iter()
-        .filter(|p| p.trainable)
-        .collect();
-    let layout = kiln_core::FlatLayout::new(infos);
-    let flat = read_params(model, &layout);
-    layout
-        .entries()
-        .iter()
-        .map(|e| {
-            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-            (e.info.path.clone(), values)
-        })
-        .collect()
 }
 
 /// One device, `micro` micro-batches accumulated per step of [`BATCH`] samples.
