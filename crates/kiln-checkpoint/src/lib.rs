@@ -45,6 +45,8 @@ mod error;
 mod manifest;
 mod optimizer_parts;
 mod parts;
+#[cfg(test)]
+mod parts_tests;
 mod snapshot;
 mod stage_parts;
 mod store;

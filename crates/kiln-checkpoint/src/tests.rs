@@ -17,13 +17,13 @@ use kiln_train::{LrSchedule, TrainPosition, Trainer};
 use crate::{CheckpointError, CheckpointStore, Checkpointer, MODEL_FILE, RunIdentity, resume};
 
 /// A fresh directory under the system's temporary one.
-fn scratch(name: &str) -> PathBuf {
+pub(super) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-ckpt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-fn model(device: &Device) -> ResNet {
+pub(super) fn model(device: &Device) -> ResNet {
     init_module(device, 3, || {
         ResNetConfig::resnet18(4)
             .with_stem(StemKind::Cifar)
@@ -32,14 +32,14 @@ fn model(device: &Device) -> ResNet {
     })
 }
 
-fn optimizer() -> ModuleOptimizer {
+pub(super) fn optimizer() -> ModuleOptimizer {
     SgdConfig::new()
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .with_weight_decay(Some(WeightDecayConfig::new(5e-4)))
         .init()
 }
 
-fn identity() -> RunIdentity {
+pub(super) fn identity() -> RunIdentity {
     RunIdentity::new("resnet18 width 2")
         .with("lr", 0.05)
         .with("batch", 8)
@@ -60,7 +60,10 @@ const STEPS: usize = 30;
 
 /// Trains from `start` (a fresh run when `None`) to step `STEPS`, checkpointing every 5
 /// steps into `dir`; the losses of the steps it ran and the final weights' fingerprint.
-fn train(dir: &Path, start: Option<(ResNet, ModuleOptimizer, TrainPosition)>) -> (Vec<f32>, u64) {
+pub(super) fn train(
+    dir: &Path,
+    start: Option<(ResNet, ModuleOptimizer, TrainPosition)>,
+) -> (Vec<f32>, u64) {
     train_stopping(dir, start, None).0
 }
 
@@ -95,7 +98,7 @@ fn train_stopping(
 }
 
 /// [`train_stopping`] into `store`, with the run's error.
-fn train_into(
+pub(super) fn train_into(
     store: CheckpointStore,
     start: Option<(ResNet, ModuleOptimizer, TrainPosition)>,
     stop: Option<usize>,
@@ -225,7 +228,7 @@ fn linear(device: &Device, seed: u64) -> Linear {
 }
 
 /// A store with checkpoints at steps 1..=n of a small linear model.
-fn saved(name: &str, n: usize, keep: usize) -> (PathBuf, CheckpointStore) {
+pub(super) fn saved(name: &str, n: usize, keep: usize) -> (PathBuf, CheckpointStore) {
     let dir = scratch(name);
     let store = CheckpointStore::new(&dir, keep);
     let device = Device::flex().autodiff();
@@ -333,118 +336,6 @@ fn corrupted_truncated_or_foreign_checkpoints_are_refused_with_the_file_named() 
         SgdConfig::new().init(),
     );
     assert!(fine.is_ok());
-    std::fs::remove_dir_all(&dir).ok();
-}
-
-/// The bytes of a checkpoint directory's files.
-fn bytes_in(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum()
-}
-
-#[test]
-fn a_full_disk_during_a_save_stops_the_run_with_the_reason_and_keeps_the_previous_checkpoint() {
-    let dir = scratch("full");
-    let (_, whole) = train(&dir, None);
-    let step5 = bytes_in(&CheckpointStore::new(&dir, 10).path_for(5));
-    // Room for the first checkpoint (step 5) and half of the second.
-    let full = scratch("full-disk");
-    let store = CheckpointStore::new(&full, 10).with_space_left(step5 + step5 / 2);
-    let err = train_into(store.clone(), None, None).unwrap_err();
-    let message = err.to_string();
-    assert!(
-        message.contains("No space left on device") && message.contains("step-000000010"),
-        "{message}"
-    );
-    assert_eq!(store.list().unwrap(), vec![(5, store.path_for(5))]);
-    let leftovers: Vec<_> = std::fs::read_dir(&full)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().starts_with('.'))
-        .collect();
-    assert!(
-        leftovers.is_empty(),
-        "partial directories left: {leftovers:?}"
-    );
-    // The checkpoint kept is whole: the run resumed from it ends as the uninterrupted one.
-    let device = Device::flex().autodiff();
-    let resumed = resume(&store.path_for(5), &identity(), model(&device), optimizer()).unwrap();
-    let again = scratch("full-resumed");
-    let (_, weights) = train(
-        &again,
-        Some((resumed.model, resumed.optimizer, resumed.position)),
-    );
-    assert_eq!(weights, whole);
-    for d in [dir, full, again] {
-        std::fs::remove_dir_all(&d).ok();
-    }
-}
-
-#[test]
-fn a_checkpoint_counts_only_once_every_replicas_part_is_in_it() {
-    use std::sync::Arc;
-    let (dir, store) = saved("parts", 1, 5);
-    let manifest = crate::Manifest::read(&store.path_for(1)).unwrap();
-    let at = |step: usize| crate::Manifest {
-        position: crate::Position {
-            step,
-            ..manifest.position
-        },
-        ..manifest.clone()
-    };
-    let parts = |timeout_ms: u64| crate::PartsToCollect {
-        names: vec!["optimizer-1-of-2.bpk".into()],
-        timeout: Duration::from_millis(timeout_ms),
-        abandoned: Arc::default(),
-    };
-    // A part that never comes (its replica lost): an error in bounded time, nothing counts.
-    let begun = Instant::now();
-    let err = store
-        .save_with_parts(at(2), vec![("a".into(), vec![1])], Some(&parts(200)))
-        .unwrap_err();
-    assert!(begun.elapsed() < Duration::from_secs(10));
-    assert!(
-        err.to_string().contains("optimizer-1-of-2.bpk") && err.to_string().contains("within"),
-        "{err}"
-    );
-    assert_eq!(store.latest().unwrap(), Some(store.path_for(1)));
-    // A replica that could not write its part says so, and the wait ends at once.
-    store
-        .clone()
-        .with_space_left(0)
-        .save_part(3, "optimizer-1-of-2.bpk", &[7; 16])
-        .unwrap_err();
-    let begun = Instant::now();
-    let err = store
-        .save_with_parts(at(3), vec![("a".into(), vec![1])], Some(&parts(60_000)))
-        .unwrap_err();
-    assert!(
-        begun.elapsed() < Duration::from_secs(10),
-        "waited for a failed part"
-    );
-    assert!(err.to_string().contains("No space left"), "{err}");
-    // The part written (before or while the writer waits) is moved in and checksummed.
-    let writer = {
-        let (store, manifest, parts) = (store.clone(), at(4), parts(60_000));
-        std::thread::spawn(move || {
-            store.save_with_parts(manifest, vec![("a".into(), vec![1])], Some(&parts))
-        })
-    };
-    std::thread::sleep(Duration::from_millis(50));
-    store
-        .save_part(4, "optimizer-1-of-2.bpk", &[7; 16])
-        .unwrap();
-    let saved = writer.join().unwrap().unwrap();
-    let loaded = CheckpointStore::load(&saved).unwrap();
-    assert_eq!(loaded.file("optimizer-1-of-2.bpk").unwrap(), &[7; 16]);
-    let hidden: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".parts-step-000000004"))
-        .collect();
-    assert!(hidden.is_empty(), "{hidden:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -587,15 +478,4 @@ fn weights_and_batch_norm_statistics_round_trip_exactly() {
         }
     }
     assert_eq!(fingerprint(&restored), fingerprint(&trained));
-}
-
-#[test]
-fn model_bytes_are_what_burnpack_store_writes() {
-    use burn_store::{BurnpackStore, ModuleSnapshot};
-    let device = Device::flex().autodiff();
-    let model = model(&device);
-    let mut store = BurnpackStore::from_bytes(None);
-    model.valid().save_into(&mut store).unwrap();
-    let want = store.get_bytes().unwrap();
-    assert_eq!(crate::model_bytes(&model), &want[..]);
 }
