@@ -154,17 +154,23 @@ impl Checkpointer {
         }
     }
 
-    /// Steps between checkpoints (0: only at the end).
-    pub(crate) fn every(&self) -> usize {
-        self.every
+    /// Whether a checkpoint is due after `position` (`finished`: the run's last step).
+    pub fn is_due(&self, position: &TrainPosition, finished: bool) -> bool {
+        finished || (self.every > 0 && position.step.is_multiple_of(self.every))
+    }
+
+    /// The files holding the optimizer's state: one per replica when it is sharded.
+    fn optimizer_files(&self) -> Vec<String> {
+        match self.shard {
+            Some(Shard { world, .. }) => {
+                (0..world).map(|r| optimizer_part_name(r, world)).collect()
+            }
+            None => vec![OPTIMIZER_FILE.to_string()],
+        }
     }
 
     /// The manifest of a checkpoint at `position` (its files listed when written).
-    pub(crate) fn manifest_at(&self, position: &TrainPosition) -> Manifest {
-        self.manifest(position)
-    }
-
-    fn manifest(&self, position: &TrainPosition) -> Manifest {
+    pub(crate) fn manifest(&self, position: &TrainPosition) -> Manifest {
         Manifest {
             format: FORMAT,
             kiln: env!("CARGO_PKG_VERSION").into(),
@@ -172,12 +178,7 @@ impl Checkpointer {
             layout: self.layout.clone(),
             position: (*position).into(),
             files: Vec::new(),
-            optimizer: match self.shard {
-                Some(Shard { world, .. }) => {
-                    (0..world).map(|r| optimizer_part_name(r, world)).collect()
-                }
-                None => vec![OPTIMIZER_FILE.to_string()],
-            },
+            optimizer: self.optimizer_files(),
         }
     }
 
@@ -269,20 +270,14 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
                 // Held on this thread (references to the model's tensors, the
                 // optimizer's record); encoded, checksummed and written on the writer's.
                 let held = self.hold(position, model, optimizer, step_state.clone());
-                let (own, parts) = match shard {
-                    Some(Shard { rank, world }) => (
-                        optimizer_part_name(rank, world),
-                        Some(PartsToCollect {
-                            names: (0..world)
-                                .filter(|&r| r != rank)
-                                .map(|r| optimizer_part_name(r, world))
-                                .collect(),
-                            timeout: self.part_timeout,
-                            abandoned: Arc::clone(&self.abandoned),
-                        }),
-                    ),
-                    None => (OPTIMIZER_FILE.to_string(), None),
-                };
+                // This replica's own file, and the other replicas' parts to wait for.
+                let mut names = self.optimizer_files();
+                let own = names.remove(shard.map_or(0, |s| s.rank));
+                let parts = shard.map(|_| PartsToCollect {
+                    names,
+                    timeout: self.part_timeout,
+                    abandoned: Arc::clone(&self.abandoned),
+                });
                 Box::new(move || {
                     let (manifest, files) = held.encode(own)?;
                     store.save_with_parts(manifest, files, parts.as_ref())

@@ -80,11 +80,6 @@ pub fn join_model_parts(parts: &[(String, &[u8])]) -> Result<Vec<u8>, Checkpoint
 }
 
 impl Checkpointer {
-    /// Whether a checkpoint is due after `position` (`finished`: the run's last step).
-    pub fn is_due(&self, position: &TrainPosition, finished: bool) -> bool {
-        finished || (self.every() > 0 && position.step.is_multiple_of(self.every()))
-    }
-
     /// What writes a pipeline's checkpoint at `position` from its stages' parts (in stage
     /// order), to run on a thread of its own: the stages' modules joined into `model.bpk`,
     /// their ids into `param_ids.json`, one optimizer part per stage.
@@ -92,7 +87,7 @@ impl Checkpointer {
         &self,
         position: &TrainPosition,
     ) -> impl FnOnce(Vec<StagePart>) -> Result<PathBuf, CheckpointError> + Send + 'static {
-        let (store, mut manifest) = (self.store().clone(), self.manifest_at(position));
+        let (store, mut manifest) = (self.store().clone(), self.manifest(position));
         move |parts| write_stages(&store, &mut manifest, parts)
     }
 }

