@@ -1,6 +1,8 @@
-//! kiln's developer tasks. `cargo xtask bench --help` for the benchmark suite.
+//! kiln's developer tasks. `cargo xtask bench --help` for the benchmark suite, `cargo xtask
+//! cuda-llvm --help` for the offline LLVM install that `--features cuda` needs.
 
 mod bench;
+mod cuda_llvm;
 mod measure;
 mod report;
 mod svg;
@@ -26,6 +28,10 @@ struct Cli {
 enum Task {
     /// Run the benchmark suite: a table on stdout, results.json and SVG plots in --out.
     Bench(BenchArgs),
+    /// Install the LLVM 23.1 that `--features cuda` builds against, from PyPI wheels instead
+    /// of the GitHub download burn-cuda's build script would try (see the README, "Building
+    /// the CUDA backend offline").
+    CudaLlvm(cuda_llvm::CudaLlvmArgs),
 }
 
 /// Options of `cargo xtask bench`.
@@ -52,10 +58,11 @@ pub struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    let Cli {
-        task: Task::Bench(args),
-    } = Cli::parse();
-    match bench::run(&args) {
+    let result = match Cli::parse().task {
+        Task::Bench(args) => bench::run(&args),
+        Task::CudaLlvm(args) => cuda_llvm::run(&args).map_err(Into::into),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
