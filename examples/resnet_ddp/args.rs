@@ -95,10 +95,23 @@ pub enum CommArg {
     Mpi,
 }
 
+/// What the binary does instead of training.
+#[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Check what this build and machine can do: compiled features, the CPU, every device
+    /// `--devices` names (opened and used), CUDA's libraries, wgpu adapters, MPI (`--comm mpi`
+    /// or under mpirun), an all-reduce bandwidth; a fix for each problem. Exits non-zero when a
+    /// named device cannot be used.
+    Doctor,
+}
+
 /// Train a ResNet with kiln.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 pub struct Args {
+    /// A task instead of training (`doctor`: check this build and machine).
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// ResNet depth: 18, 34, 50, 101 or 152.
     #[arg(long, default_value_t = 18)]
     pub model: usize,
@@ -126,7 +139,7 @@ pub struct Args {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Devices, one replica each, comma-separated: cpu, cpu:N, cuda:N, wgpu.
-    #[arg(long, default_value = "cpu:0,cpu:1")]
+    #[arg(long, default_value = "cpu:0,cpu:1", global = true)]
     pub devices: String,
     /// Micro-batches accumulated per optimizer step (one all-reduce per step).
     #[arg(long, default_value_t = 1, value_parser = positive())]
@@ -178,7 +191,7 @@ pub struct Args {
     /// How replicas communicate: `local` (threads of this process, one per --devices entry)
     /// or `mpi` (under mpirun: every process runs one replica per --devices entry; needs
     /// `--features mpi`).
-    #[arg(long, value_enum, default_value_t = CommArg::Local)]
+    #[arg(long, value_enum, default_value_t = CommArg::Local, global = true)]
     pub comm: CommArg,
     /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
     #[arg(long)]

@@ -26,6 +26,7 @@ use kiln::train::TrainReport;
 
 mod args;
 mod checkpoints;
+mod doctor;
 mod faults;
 mod pipeline;
 mod planning;
@@ -41,7 +42,15 @@ static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllo
 use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
+    let args = Args::parse();
+    if args.command == Some(args::Command::Doctor) {
+        return if doctor::run(&args) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");

@@ -87,6 +87,20 @@ impl MpiCommunicator {
         }))
     }
 
+    /// The MPI library's own version string (`MPI_Get_library_version`, callable before MPI
+    /// is initialised), e.g. "Open MPI v4.1.4, ...".
+    pub fn library_version() -> String {
+        mpi::environment::library_version()
+            .map(|text| text.trim_end_matches(['\0', '\n', ' ']).to_string())
+            .unwrap_or_else(|err| format!("(unreadable: {err})"))
+    }
+
+    /// Whether MPI granted `MPI_THREAD_MULTIPLE` when this process initialised it (false
+    /// before): without it pipeline stages across processes are refused.
+    pub fn thread_multiple() -> bool {
+        crate::mpi_p2p::thread_multiple()
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank

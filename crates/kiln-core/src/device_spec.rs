@@ -33,6 +33,37 @@ pub enum DeviceSpecError {
         /// The cargo feature that enables it.
         feature: &'static str,
     },
+    /// The backend is built in, but this machine has no such device.
+    #[error("device `{spec}` is not available: {reason}")]
+    Unavailable {
+        /// The requested device.
+        spec: String,
+        /// What the machine has instead, and how to get the device.
+        reason: String,
+    },
+}
+
+/// How to get a CUDA device when none is found.
+pub const CUDA_FIX: &str = "CUDA finds no GPU: is the NVIDIA driver installed, so that \
+    libcuda.so.1 loads? `nvidia-smi` lists what the driver sees";
+
+/// How to get a wgpu adapter when none is found.
+pub const WGPU_FIX: &str = "no Vulkan, Metal, DX12 or GL adapter: install a GPU driver, or Mesa's \
+    software Vulkan driver for a CPU adapter (Debian: apt-get install mesa-vulkan-drivers \
+    libvulkan1)";
+
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
+/// What a machine with `available` devices of `kind` offers instead of a missing one; `fix`
+/// says how to get one when there is none.
+fn what_there_is(kind: &str, available: usize, fix: &str) -> String {
+    match available {
+        0 => format!("this machine has no {kind} device ({fix})"),
+        1 => format!("this machine has one {kind} device, {kind}:0"),
+        n => format!(
+            "this machine has {n} {kind} devices, {kind}:0 to {kind}:{}",
+            n - 1
+        ),
+    }
 }
 
 impl DeviceSpec {
@@ -48,6 +79,18 @@ impl DeviceSpec {
             DeviceSpec::Cuda(_index) => {
                 #[cfg(feature = "cuda")]
                 {
+                    // Burn opens a device lazily and panics (on its device thread, then on
+                    // ours) when the index is past what CUDA reports or no driver loads;
+                    // enumerating first asks CUDA without opening anything.
+                    let available = Device::enumerate(burn::tensor::DeviceType::Cuda)
+                        .into_iter()
+                        .count();
+                    if _index >= available {
+                        return Err(DeviceSpecError::Unavailable {
+                            spec: self.to_string(),
+                            reason: what_there_is("cuda", available, CUDA_FIX),
+                        });
+                    }
                     Ok(Device::cuda(_index))
                 }
                 #[cfg(not(feature = "cuda"))]
@@ -59,6 +102,15 @@ impl DeviceSpec {
             DeviceSpec::Wgpu => {
                 #[cfg(feature = "wgpu")]
                 {
+                    let available = Device::enumerate(burn::tensor::DeviceType::Wgpu)
+                        .into_iter()
+                        .count();
+                    if available == 0 {
+                        return Err(DeviceSpecError::Unavailable {
+                            spec: self.to_string(),
+                            reason: what_there_is("wgpu", 0, WGPU_FIX),
+                        });
+                    }
                     Ok(Device::wgpu(burn::tensor::DeviceKind::default()))
                 }
                 #[cfg(not(feature = "wgpu"))]
@@ -120,5 +172,36 @@ mod tests {
         ));
         assert!("cpu:x".parse::<DeviceSpec>().is_err());
         assert_eq!(DeviceSpec::Cuda(3).to_string(), "cuda:3");
+    }
+
+    #[test]
+    fn a_missing_device_names_what_the_machine_has_instead() {
+        assert_eq!(
+            what_there_is("cuda", 1, CUDA_FIX),
+            "this machine has one cuda device, cuda:0"
+        );
+        assert_eq!(
+            what_there_is("cuda", 4, CUDA_FIX),
+            "this machine has 4 cuda devices, cuda:0 to cuda:3"
+        );
+        assert!(what_there_is("cuda", 0, CUDA_FIX).contains("nvidia-smi"));
+        let err = DeviceSpecError::Unavailable {
+            spec: "cuda:7".into(),
+            reason: what_there_is("cuda", 1, CUDA_FIX),
+        };
+        assert_eq!(
+            err.to_string(),
+            "device `cuda:7` is not available: this machine has one cuda device, cuda:0"
+        );
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_names_the_feature() {
+        let err = DeviceSpec::Cuda(0).device().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "device `cuda:0` needs kiln built with `--features cuda`"
+        );
     }
 }

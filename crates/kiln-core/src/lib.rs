@@ -21,7 +21,7 @@ pub mod segment;
 pub mod sync_norm;
 
 pub use classifier::ImageClassifier;
-pub use device_spec::{DeviceSpec, DeviceSpecError};
+pub use device_spec::{CUDA_FIX, DeviceSpec, DeviceSpecError, WGPU_FIX};
 pub use flat::{
     FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, fingerprint, fingerprint_values,
     grads_from_flat, read_params, write_params,

@@ -132,3 +132,71 @@ mod cuda {
         }
     }
 }
+
+/// wgpu runs (Mesa's lavapipe, a CPU Vulkan driver, in CI):
+/// `cargo test -p kiln-ddp --features wgpu -- --ignored wgpu`. Every data-parallel step
+/// runs Burn's own kernels there (kiln's CPU kernels are Flex's only), so this checks that
+/// kiln's synchronisation is backend-neutral.
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use burn::tensor::{Device, DeviceKind};
+    use kiln_amp::Precision;
+
+    use super::*;
+    use crate::compare::{HALF, change_error};
+    use crate::test_support::{Schedule, TinyNet, single_on, single_with, start_of};
+
+    fn adapter() -> Device {
+        Device::wgpu(DeviceKind::DefaultDevice)
+    }
+
+    /// Unsynchronised replicas (the control) must miss the reference by `factor` × `tolerance`.
+    fn control_fails(setup: &mut Setup, reference: &[Vec<f32>], tolerance: f32, what: &str) {
+        setup.config.mode = SyncMode::Unsynchronized;
+        let start = start_of(reference).expect("trained by `single_with`");
+        let worst = change_error(&replicated(setup), reference, &start, what);
+        assert!(
+            worst.error > 4.0 * tolerance,
+            "{what}: the control passed: {worst:?}"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs a wgpu adapter (Mesa's lavapipe serves)"]
+    fn wgpu_replicas_match_one_wgpu_device() {
+        let gpu = adapter();
+        let reference = single_on(gpu.clone(), data(), 8, 1, true);
+        for path in [GradientPath::Host, GradientPath::Device] {
+            let mut setup = Setup::new(2, 4);
+            setup.devices = vec![gpu.clone(); 2];
+            setup.config.gradient_path = path;
+            setup.config.bucket_cap_bytes = 512;
+            assert_close(
+                &replicated(&setup),
+                &reference,
+                EXACT,
+                &format!("wgpu, {path:?}"),
+            );
+        }
+        let mut setup = Setup::new(2, 4);
+        setup.devices = vec![gpu; 2];
+        control_fails(&mut setup, &reference, EXACT, "wgpu, unsynchronised");
+    }
+
+    /// lavapipe computes f16 (not bf16): mixed precision with loss scaling on the adapter.
+    #[test]
+    #[ignore = "needs a wgpu adapter with f16 (Mesa's lavapipe serves)"]
+    fn f16_wgpu_replicas_match_f16_on_one_wgpu_device() {
+        let gpu = adapter();
+        let f16 = Schedule {
+            precision: Precision::F16,
+            ..Schedule::default()
+        };
+        let reference = single_with(gpu.clone(), data(), 8, 1, true, &f16, TinyNet::new);
+        let mut setup = Setup::new(2, 4);
+        setup.devices = vec![gpu; 2];
+        setup.schedule = f16;
+        assert_close(&replicated(&setup), &reference, HALF, "wgpu, f16");
+        control_fails(&mut setup, &reference, HALF, "wgpu f16, unsynchronised");
+    }
+}
