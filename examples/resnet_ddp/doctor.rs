@@ -18,7 +18,7 @@ use crate::args::{Args, CommArg};
 enum Status {
     Ok,
     /// Works, with a caveat.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mpi", feature = "wgpu")), allow(dead_code))]
     Note,
     /// Not built in or not applicable here.
     Skip,
@@ -298,11 +298,14 @@ fn gpu_rows() -> Vec<Row> {
         ));
     }
     #[cfg(feature = "wgpu")]
-    rows.push(backend_row(
-        "wgpu",
-        burn::tensor::DeviceType::Wgpu,
-        kiln::core::WGPU_FIX,
-    ));
+    {
+        rows.push(wgpu_adapter_row());
+        rows.push(backend_row(
+            "wgpu",
+            burn::tensor::DeviceType::Wgpu,
+            kiln::core::WGPU_FIX,
+        ));
+    }
     #[cfg(not(feature = "wgpu"))]
     rows.push(row("wgpu", Status::Skip, "not built in").fix("build with --features wgpu"));
     rows
@@ -330,6 +333,54 @@ fn backend_row(area: &'static str, kind: burn::tensor::DeviceType, fix: &str) ->
             format!("{} device(s): {}", names.len(), names.join("; ")),
         ),
         Err(why) => row(area, Status::Fail, why).fix(fix),
+    }
+}
+
+/// Every adapter wgpu sees, with its graphics API and kind: without a Vulkan driver wgpu
+/// falls back to GL (llvmpipe on a CPU), which Burn's kernels run on slowly, if at all.
+#[cfg(feature = "wgpu")]
+fn wgpu_adapter_row() -> Row {
+    use burn::backend::wgpu::wgpu;
+    use std::future::Future;
+    let adapters = bounded(Duration::from_secs(60), || {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        let listing = std::pin::pin!(instance.enumerate_adapters(wgpu::Backends::all()));
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        // Native enumeration is synchronous: the future is ready at its first poll.
+        match listing.poll(&mut context) {
+            std::task::Poll::Ready(adapters) => adapters
+                .iter()
+                .map(|adapter| {
+                    let info = adapter.get_info();
+                    (
+                        info.backend == wgpu::Backend::Vulkan
+                            || info.backend == wgpu::Backend::Metal
+                            || info.backend == wgpu::Backend::Dx12,
+                        format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type),
+                    )
+                })
+                .collect::<Vec<_>>(),
+            std::task::Poll::Pending => Vec::new(),
+        }
+    });
+    match adapters {
+        Ok(list) if list.is_empty() => {
+            row("wgpu adapters", Status::Fail, "none").fix(kiln::core::WGPU_FIX)
+        }
+        Ok(list) => {
+            let names = list
+                .iter()
+                .map(|(_, name)| name.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            if list.iter().any(|(native, _)| *native) {
+                row("wgpu adapters", Status::Ok, names)
+            } else {
+                row("wgpu adapters", Status::Note, format!("{names}: GL only"))
+                    .fix("install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers libvulkan1)")
+            }
+        }
+        Err(why) => row("wgpu adapters", Status::Fail, why).fix(kiln::core::WGPU_FIX),
     }
 }
 
