@@ -65,26 +65,41 @@ def train(rank, args, port, results):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
-    model = make_model(torch, args.width)
+    cuda = args.device == "cuda"
+    # One GPU per rank, as kiln's one replica per device; TF32 stays off (f32 compared with f32).
+    device = torch.device(f"cuda:{rank}" if cuda else "cpu")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    model = make_model(torch, args.width).to(device)
     if args.replicas > 1:
         dist.init_process_group(
-            "gloo",
+            "nccl" if cuda else "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=args.replicas,
         )
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rank] if cuda else None
+        )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(rank)
-    images = torch.randn(args.batch, 3, 32, 32, generator=generator)
-    labels = torch.randint(0, 10, (args.batch,), generator=generator)
+    images = torch.randn(args.batch, 3, 32, 32, generator=generator).to(device)
+    labels = torch.randint(0, 10, (args.batch,), generator=generator).to(device)
+
+    def synchronize():
+        if cuda:
+            torch.cuda.synchronize(device)
+
     times = []
     for step in range(args.warmup + args.steps):
+        synchronize()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
+        synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     if args.replicas > 1:
@@ -128,6 +143,12 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cpu, or cuda: rank r on cuda:r, NCCL between ranks (the GPU bundle's peer)",
+    )
     parser.add_argument(
         "--profile",
         action="store_true",

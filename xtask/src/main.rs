@@ -3,6 +3,7 @@
 
 mod bench;
 mod cuda_llvm;
+mod gpu_bundle;
 mod measure;
 mod report;
 mod svg;
@@ -32,6 +33,10 @@ enum Task {
     /// of the GitHub download burn-cuda's build script would try (see the README, "Building
     /// the CUDA backend offline").
     CudaLlvm(cuda_llvm::CudaLlvmArgs),
+    /// Build the example with `--features cuda`, strip it and pack it with a `run.sh` that
+    /// checks a GPU node without a Rust toolchain (the doctor, trainings on every GPU, the
+    /// PyTorch peer, a summary).
+    GpuBundle(gpu_bundle::GpuBundleArgs),
 }
 
 /// Options of `cargo xtask bench`.
@@ -61,6 +66,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Bench(args) => bench::run(&args),
         Task::CudaLlvm(args) => cuda_llvm::run(&args).map_err(Into::into),
+        Task::GpuBundle(args) => gpu_bundle::run(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -285,6 +285,16 @@ fn installed(dest: &Path) -> Option<String> {
         .flatten()
 }
 
+/// Whether a working install is where the bundler looks (for `gpu-bundle`).
+pub fn installed_at_default() -> bool {
+    let home = std::env::var("HOME").ok();
+    bundle_dir(
+        std::env::var("XDG_DATA_HOME").ok().as_deref(),
+        home.as_deref(),
+    )
+    .is_some_and(|dest| installed(&dest).is_some())
+}
+
 /// Where Debian-like systems keep the linker's `libzstd.so` (`libzstd-dev`).
 fn zstd_dev_present() -> bool {
     [

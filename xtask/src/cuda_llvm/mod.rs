@@ -16,4 +16,4 @@
 mod install;
 mod wheel;
 
-pub use install::{CudaLlvmArgs, run};
+pub use install::{CudaLlvmArgs, installed_at_default, run};
