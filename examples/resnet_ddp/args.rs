@@ -103,6 +103,10 @@ pub enum Command {
     /// or under mpirun), an all-reduce bandwidth; a fix for each problem. Exits non-zero when a
     /// named device cannot be used.
     Doctor,
+    /// Check data-parallel training on `--devices` against one device (f32 and half
+    /// precision, host and device gradient paths, with a control that must fail); exits
+    /// non-zero on a failure. On a GPU node: `selftest --devices cuda:0,cuda:0`.
+    Selftest,
 }
 
 /// Train a ResNet with kiln.

@@ -31,6 +31,7 @@ mod faults;
 mod pipeline;
 mod planning;
 mod replica;
+mod selftest;
 
 use replica::{announce, run_mpi, train_replica};
 
@@ -43,8 +44,13 @@ use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_confli
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if args.command == Some(args::Command::Doctor) {
-        return if doctor::run(&args) {
+    let passed = match args.command {
+        Some(args::Command::Doctor) => Some(doctor::run(&args)),
+        Some(args::Command::Selftest) => Some(selftest::run(&args.devices)),
+        None => None,
+    };
+    if let Some(passed) = passed {
+        return if passed {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE

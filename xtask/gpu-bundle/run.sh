@@ -40,6 +40,19 @@ else
 fi
 sed 's/^/  /' "$out/doctor.txt"
 
+# kiln's equivalence checks on the GPUs: two replicas sharing cuda:0, and one per GPU.
+selftest() {
+  local id=$1 devices=$2
+  if "$bin" selftest --devices "$devices" > "$out/$id.log" 2>&1; then
+    record "selftest $devices" "pass"
+  else
+    record "selftest $devices" "FAIL (see $id.log)"; failures=$((failures + 1))
+  fi
+  sed 's/^/  /' "$out/$id.log"
+}
+selftest selftest-shared cuda:0,cuda:0
+if [ "${gpus:-0}" -gt 1 ]; then selftest selftest-per-gpu "$all"; fi
+
 # Peak GPU memory of a run: nvidia-smi sampled every half second in the background.
 train() {
   local id=$1 name=$2; shift 2
