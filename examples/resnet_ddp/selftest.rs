@@ -203,22 +203,24 @@ fn equivalence(
 
 /// Runs every check on `--devices`; prints a line each; whether all passed.
 pub fn run(devices: &str) -> bool {
-    let devices = match DeviceSpec::parse_list(devices)
+    let opened = DeviceSpec::parse_list(devices)
         .map_err(|e| e.to_string())
         .and_then(|specs| {
-            specs
+            let devices = specs
                 .iter()
                 .map(|s| s.device().map_err(|e| e.to_string()))
-                .collect::<Result<Vec<_>, _>>()
-        }) {
-        Ok(devices) => devices,
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((specs, devices))
+        });
+    let (specs, devices) = match opened {
+        Ok(opened) => opened,
         Err(err) => {
             println!("selftest: {err}");
             return false;
         }
     };
     // Half precision: bf16, except on wgpu (lavapipe and many GPUs there have f16 only).
-    let half = if format!("{:?}", devices[0]).to_lowercase().contains("wgpu") {
+    let half = if specs[0] == DeviceSpec::Wgpu {
         Precision::F16
     } else {
         Precision::Bf16

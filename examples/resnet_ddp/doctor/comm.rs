@@ -2,44 +2,44 @@
 
 use std::time::{Duration, Instant};
 
-use kiln::comm::{InProcessGroup, ReduceOp};
+use kiln::comm::{Communicator, InProcessGroup, ReduceOp};
 
 use super::report::{Row, Status, bounded, row};
 use crate::args::{Args, CommArg};
 
-/// All-reduce bandwidth between two threads of this process over ~1 s (algorithm bandwidth:
-/// buffer bytes ÷ time per all-reduce).
+/// The all-reduce rate of `comm` on `elements` f32s over about a second, in bytes per second
+/// (algorithm bandwidth: buffer bytes ÷ time per all-reduce). Rank 0 decides when to stop
+/// and broadcasts it, so every rank runs the same rounds.
+fn all_reduce_rate(comm: &Communicator, elements: usize) -> Result<f64, String> {
+    let mut data = vec![1.0f32; elements];
+    let start = Instant::now();
+    let mut rounds = 0usize;
+    loop {
+        comm.all_reduce(&mut data, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        rounds += 1;
+        let mut go = [f32::from(u8::from(
+            start.elapsed() < Duration::from_secs(1),
+        ))];
+        comm.broadcast(&mut go, 0).map_err(|e| e.to_string())?;
+        if go[0] == 0.0 {
+            return Ok((rounds * elements * 4) as f64 / start.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// All-reduce bandwidth between two threads of this process.
 pub(super) fn in_process_bandwidth() -> Row {
     const ELEMENTS: usize = 4 << 20;
     let result = bounded(Duration::from_secs(30), || {
-        let comms = InProcessGroup::new(2).build();
-        let handles: Vec<_> = comms
+        let handles: Vec<_> = InProcessGroup::new(2)
+            .build()
             .into_iter()
-            .map(|comm| {
-                std::thread::spawn(move || -> Result<(usize, f64), String> {
-                    let mut data = vec![1.0f32; ELEMENTS];
-                    let start = Instant::now();
-                    let mut rounds = 0;
-                    // Rank 0 decides when to stop, so both ranks run the same rounds.
-                    loop {
-                        comm.all_reduce(&mut data, ReduceOp::Sum)
-                            .map_err(|e| e.to_string())?;
-                        rounds += 1;
-                        let mut go = [f32::from(u8::from(
-                            start.elapsed() < Duration::from_secs(1),
-                        ))];
-                        comm.broadcast(&mut go, 0).map_err(|e| e.to_string())?;
-                        if go[0] == 0.0 {
-                            return Ok((rounds, start.elapsed().as_secs_f64()));
-                        }
-                    }
-                })
-            })
+            .map(|comm| std::thread::spawn(move || all_reduce_rate(&comm, ELEMENTS)))
             .collect();
-        let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        match results.into_iter().next() {
-            Some(Ok(Ok((rounds, seconds)))) => Ok(rounds as f64 * (ELEMENTS * 4) as f64 / seconds),
-            Some(Ok(Err(err))) => Err(err),
+        let mut rates = handles.into_iter().map(|h| h.join());
+        match rates.next() {
+            Some(Ok(rate)) => rate,
             _ => Err("a rank panicked".to_string()),
         }
     })
@@ -88,38 +88,17 @@ pub(super) fn mpi_rows(args: &Args) -> Vec<Row> {
                 ),
             )];
             if world.world_size() > 1 {
-                let mut data = vec![1.0f32; 1 << 20];
-                let start = Instant::now();
-                let mut rounds = 0usize;
-                let mut failed = None;
-                while failed.is_none() {
-                    if let Err(err) = world.all_reduce(&mut data, ReduceOp::Sum) {
-                        failed = Some(err.to_string());
-                        break;
-                    }
-                    rounds += 1;
-                    let mut go = [f32::from(u8::from(
-                        start.elapsed() < Duration::from_secs(1),
-                    ))];
-                    if let Err(err) = world.broadcast(&mut go, 0) {
-                        failed = Some(err.to_string());
-                    } else if go[0] == 0.0 {
-                        break;
-                    }
-                }
-                rows.push(match failed {
-                    None => row(
+                rows.push(match all_reduce_rate(&world, 1 << 20) {
+                    Ok(rate) => row(
                         "all-reduce",
                         Status::Ok,
                         format!(
                             "MPI, {} ranks, 4 MiB: {:.2} GB/s",
                             world.world_size(),
-                            rounds as f64 * 4.0 * (1 << 20) as f64
-                                / start.elapsed().as_secs_f64()
-                                / 1e9
+                            rate / 1e9
                         ),
                     ),
-                    Some(err) => row("all-reduce", Status::Fail, format!("MPI: {err}")),
+                    Err(err) => row("all-reduce", Status::Fail, format!("MPI: {err}")),
                 });
             }
             rows

@@ -285,14 +285,19 @@ fn installed(dest: &Path) -> Option<String> {
         .flatten()
 }
 
-/// Whether a working install is where the bundler looks (for `gpu-bundle`).
-pub fn installed_at_default() -> bool {
+/// Where the bundler looks on this machine (its environment's `XDG_DATA_HOME` and `HOME`).
+fn default_dest() -> Result<PathBuf, CudaLlvmError> {
     let home = std::env::var("HOME").ok();
     bundle_dir(
         std::env::var("XDG_DATA_HOME").ok().as_deref(),
         home.as_deref(),
     )
-    .is_some_and(|dest| installed(&dest).is_some())
+    .ok_or(CudaLlvmError::NoDataDir)
+}
+
+/// Whether a working install is where the bundler looks (for `gpu-bundle`).
+pub fn installed_at_default() -> bool {
+    default_dest().is_ok_and(|dest| installed(&dest).is_some())
 }
 
 /// Where Debian-like systems keep the linker's `libzstd.so` (`libzstd-dev`).
@@ -312,11 +317,7 @@ pub fn run(args: &CudaLlvmArgs) -> Result<(), CudaLlvmError> {
     let home = std::env::var("HOME").ok();
     let dest = match &args.dest {
         Some(dest) => dest.clone(),
-        None => bundle_dir(
-            std::env::var("XDG_DATA_HOME").ok().as_deref(),
-            home.as_deref(),
-        )
-        .ok_or(CudaLlvmError::NoDataDir)?,
+        None => default_dest()?,
     };
     if !(cfg!(target_os = "linux") && cfg!(target_arch = "x86_64")) {
         return Err(CudaLlvmError::Platform(dest.display().to_string()));
