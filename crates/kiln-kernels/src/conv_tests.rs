@@ -1,4 +1,5 @@
 //! kiln's convolution equals Burn's, forward and every gradient, to 1e-4 of the largest value
+//! (im2col and Winograd shapes alike)
 //! (the GEMM and Flex's convolution sum in different orders, which differ again on other
 //! CPUs' kernels; measured below 1e-5 here), and its results do not depend on threads.
 
@@ -162,6 +163,31 @@ fn cases() -> Vec<Case> {
             true,
             1,
             [20, 24],
+        ),
+        // Winograd F(2x2, 3x3): forward and weight gradient, and the input gradient as a
+        // flipped convolution on the same path; an odd output width (a half-used tile).
+        (
+            64,
+            64,
+            [3, 3],
+            [1, 1],
+            Explicit(1, 1, 1, 1),
+            [1, 1],
+            true,
+            2,
+            [8, 9],
+        ),
+        // Winograd with asymmetric padding (the input gradient's padding differs per side).
+        (
+            64,
+            72,
+            [3, 3],
+            [1, 1],
+            Explicit(0, 2, 2, 1),
+            [1, 1],
+            false,
+            3,
+            [9, 10],
         ),
     ]
 }

@@ -19,6 +19,7 @@ use rayon::prelude::*;
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
+use crate::winograd;
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
 const BLOCK_POSITIONS: usize = 256;
@@ -123,8 +124,23 @@ pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry)
     cast_back(from_vec(output, [batch, out_channels, out_h, out_w]), dtype)
 }
 
-/// The forward on plain slices: `x` `[N, Cin, H, W]`, `weight` `[Cout, Cin·kh·kw]`.
+/// The forward on plain slices: `x` `[N, Cin, H, W]`, `weight` `[Cout, Cin·kh·kw]`; by
+/// Winograd's algorithm where it applies, else im2col.
 fn forward_values(
+    x: &[f32],
+    weight: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
+    if winograd::applies(dims, out_channels) {
+        return winograd::forward(x, weight, dims, batch, out_channels);
+    }
+    im2col_forward(x, weight, dims, batch, out_channels)
+}
+
+/// The forward by im2col and one GEMM per block of images.
+pub(crate) fn im2col_forward(
     x: &[f32],
     weight: &[f32],
     dims: &ConvDims,
@@ -291,6 +307,21 @@ fn scattered_input_gradient(
     input_grad
 }
 
+/// The weight gradient `[Cout, Cin·kh·kw]`: by Winograd's algorithm where it applies, else
+/// [`im2col_weight_gradient`].
+fn weight_gradient(
+    x: &[f32],
+    grad: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
+    if winograd::applies(dims, out_channels) {
+        return winograd::weight_gradient(x, grad, dims, batch, out_channels);
+    }
+    im2col_weight_gradient(x, grad, dims, batch, out_channels)
+}
+
 /// `Σ grad × columnsᵀ` over the batch: groups of blocks in parallel, their sums added in order.
 ///
 /// Each block computes the transposed product, `columns × gradᵀ` (`[K, Cout]`), and the total
@@ -299,7 +330,7 @@ fn scattered_input_gradient(
 /// output gradient (`Cout × positions`) instead of the columns (`Cin·kh·kw × positions`,
 /// e.g. 9× more for a 3×3 kernel with Cin = Cout; measured: gemm's packing was a quarter of
 /// a ResNet-18 step).
-fn weight_gradient(
+pub(crate) fn im2col_weight_gradient(
     x: &[f32],
     grad: &[f32],
     dims: &ConvDims,

@@ -31,6 +31,10 @@ mod gemm;
 mod geometry;
 mod im2col;
 mod norm_extension;
+mod winograd;
+#[cfg(test)]
+mod winograd_tests;
+mod winograd_tiles;
 
 pub use batch_norm::{NormalizedBatch, batch_norm_train};
 pub use conv_extension::ConvKernel;

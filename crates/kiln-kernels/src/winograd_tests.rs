@@ -1,0 +1,204 @@
+//! Winograd's forward and weight gradient equal the im2col path's (which the convolution
+//! tests compare with Burn's) to 1e-5 of the largest value, for odd and even sizes and every
+//! padding a 3×3 kernel allows, and do not depend on the thread count.
+
+use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
+use crate::geometry::ConvGeometry;
+use crate::im2col::ConvDims;
+use crate::winograd::{self, MIN_CHANNELS, MIN_OUTPUT};
+
+const TOLERANCE: f32 = 1e-5;
+
+/// Reproducible values in [-1, 1).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let worst = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    worst / scale
+}
+
+/// (channels, out channels, input, padding, batch)
+type Case = (usize, usize, [usize; 2], [(usize, usize); 2], usize);
+
+fn cases() -> Vec<Case> {
+    vec![
+        (3, 5, [8, 8], [(1, 1), (1, 1)], 2),
+        (4, 3, [7, 9], [(1, 1), (1, 1)], 3),
+        (2, 4, [6, 5], [(0, 0), (0, 0)], 2),
+        (3, 2, [5, 7], [(2, 2), (2, 2)], 1),
+        (2, 3, [9, 6], [(0, 2), (1, 0)], 2),
+        (5, 4, [3, 3], [(1, 1), (1, 1)], 40),
+        (MIN_CHANNELS, MIN_CHANNELS + 8, [4, 4], [(1, 1), (1, 1)], 5),
+    ]
+}
+
+fn dims(channels: usize, input: [usize; 2], padding: [(usize, usize); 2]) -> ConvDims {
+    let geometry = ConvGeometry::new().with_padding(padding);
+    ConvDims {
+        channels,
+        input,
+        kernel: [3, 3],
+        output: geometry.output_size(input, [3, 3]).expect("valid shape"),
+        geometry,
+    }
+}
+
+#[test]
+fn winograd_equals_im2col_forward_and_weight_gradient() {
+    for (index, &(cin, cout, input, padding, batch)) in cases().iter().enumerate() {
+        let d = dims(cin, input, padding);
+        let seed = index as u64;
+        let x = values(batch * d.image_len(), seed);
+        let weight = values(cout * cin * 9, seed + 100);
+        let grad = values(batch * cout * d.positions(), seed + 200);
+        let forward = winograd::forward(&x, &weight, &d, batch, cout);
+        let expected = im2col_forward(&x, &weight, &d, batch, cout);
+        let error = relative_error(&forward, &expected);
+        assert!(error < TOLERANCE, "forward {d:?}: {error}");
+        let weight_grad = winograd::weight_gradient(&x, &grad, &d, batch, cout);
+        let expected = im2col_weight_gradient(&x, &grad, &d, batch, cout);
+        let error = relative_error(&weight_grad, &expected);
+        assert!(error < TOLERANCE, "weight gradient {d:?}: {error}");
+    }
+}
+
+/// The control: a kernel with one tap changed must fail the forward comparison, and a
+/// gradient with one output dropped the weight gradient's.
+#[test]
+fn a_changed_tap_or_dropped_output_fails_the_comparison() {
+    let (cin, cout, batch) = (3, 4, 2);
+    let d = dims(cin, [6, 6], [(1, 1), (1, 1)]);
+    let x = values(batch * d.image_len(), 1);
+    let weight = values(cout * cin * 9, 2);
+    let grad = values(batch * cout * d.positions(), 3);
+    let mut changed = weight.clone();
+    changed[13] += 0.5;
+    let error = relative_error(
+        &winograd::forward(&x, &changed, &d, batch, cout),
+        &im2col_forward(&x, &weight, &d, batch, cout),
+    );
+    assert!(error > 100.0 * TOLERANCE, "{error}");
+    let mut dropped = grad.clone();
+    dropped[7] = 0.0;
+    let error = relative_error(
+        &winograd::weight_gradient(&x, &dropped, &d, batch, cout),
+        &im2col_weight_gradient(&x, &grad, &d, batch, cout),
+    );
+    assert!(error > 100.0 * TOLERANCE, "{error}");
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let (cin, cout, batch) = (MIN_CHANNELS, MIN_CHANNELS + 3, 11);
+    let d = dims(cin, [MIN_OUTPUT, MIN_OUTPUT + 1], [(1, 1), (1, 1)]);
+    let x = values(batch * d.image_len(), 4);
+    let weight = values(cout * cin * 9, 5);
+    let grad = values(batch * cout * d.positions(), 6);
+    let run = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool")
+            .install(|| {
+                (
+                    winograd::forward(&x, &weight, &d, batch, cout),
+                    winograd::weight_gradient(&x, &grad, &d, batch, cout),
+                )
+            })
+    };
+    assert_eq!(run(1), run(3));
+}
+
+#[test]
+fn only_unit_stride_3x3_kernels_with_enough_channels_take_winograd() {
+    // (`applies` reads the fields only: each case below differs from `d` in one.)
+    let d = dims(MIN_CHANNELS, [MIN_OUTPUT, MIN_OUTPUT], [(1, 1), (1, 1)]);
+    assert!(winograd::applies(&d, MIN_CHANNELS));
+    let small = dims(
+        MIN_CHANNELS,
+        [MIN_OUTPUT + 1, MIN_OUTPUT - 1],
+        [(0, 0), (1, 1)],
+    );
+    assert!(!winograd::applies(&small, MIN_CHANNELS));
+    assert!(!winograd::applies(&d, MIN_CHANNELS - 1));
+    assert!(!winograd::applies(
+        &dims(MIN_CHANNELS - 1, [MIN_OUTPUT, MIN_OUTPUT], [(1, 1), (1, 1)]),
+        MIN_CHANNELS
+    ));
+    let strided = ConvDims {
+        geometry: d.geometry.with_stride([2, 2]),
+        ..d
+    };
+    assert!(!winograd::applies(&strided, MIN_CHANNELS));
+    let dilated = ConvDims {
+        geometry: d.geometry.with_dilation([2, 2]),
+        ..d
+    };
+    assert!(!winograd::applies(&dilated, MIN_CHANNELS));
+    let one_by_one = ConvDims {
+        kernel: [1, 1],
+        ..d
+    };
+    assert!(!winograd::applies(&one_by_one, MIN_CHANNELS));
+}
+
+/// Times both paths on ResNet-18's 3×3 unit-stride shapes (w64, batch 32): `cargo test
+/// --release -p kiln-kernels winograd_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn winograd_speed() {
+    use std::time::Instant;
+    let batch = 32;
+    for (c, size) in std::env::var("WS")
+        .map(|_| vec![(64usize, 32usize)])
+        .unwrap_or(vec![
+            (64usize, 32usize),
+            (128, 16),
+            (256, 8),
+            (512, 4),
+            (16, 32),
+            (32, 16),
+        ])
+    {
+        let d = dims(c, [size, size], [(1, 1), (1, 1)]);
+        let x = values(batch * d.image_len(), 1);
+        let weight = values(c * c * 9, 2);
+        let grad = values(batch * c * d.positions(), 3);
+        let time = |f: &dyn Fn() -> Vec<f32>| {
+            f();
+            (0..5)
+                .map(|_| {
+                    let start = Instant::now();
+                    std::hint::black_box(f());
+                    start.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let wf = time(&|| winograd::forward(&x, &weight, &d, batch, c));
+        let gf = time(&|| im2col_forward(&x, &weight, &d, batch, c));
+        let ww = time(&|| winograd::weight_gradient(&x, &grad, &d, batch, c));
+        let gw = time(&|| im2col_weight_gradient(&x, &grad, &d, batch, c));
+        println!(
+            "c{c} {size}x{size}: forward winograd {wf:.2} ms im2col {gf:.2} ms ({:.2}x); weight grad winograd {ww:.2} im2col {gw:.2} ({:.2}x)",
+            gf / wf,
+            gw / ww
+        );
+    }
+}
