@@ -89,28 +89,35 @@ fn values(tensor: &FlexTensor) -> &[f32] {
         .expect("a contiguous f32 tensor (made so by the caller)")
 }
 
-/// The output gradient of `images` as `[Cout, nc·Ho·Wo]` (channels first, images side by
-/// side), in `buffer`; a single image's is its own slice of `grad`, returned without a copy.
+/// The output gradient of `images` as a `[Cout, nc·Ho·Wo]` matrix (channels first, images
+/// side by side) in `buffer`, its rows one cache line further apart than their length: gemm
+/// repacks this operand, reading it across rows, and at a power-of-two distance (1 024
+/// positions of a 32×32 image) every row's element falls into the same cache sets.
 fn gathered<'a>(
-    grad: &'a [f32],
+    grad: &[f32],
     dims: &ConvDims,
     out_channels: usize,
     images: Range<usize>,
     buffer: &'a mut Vec<f32>,
-) -> &'a [f32] {
+) -> (&'a [f32], Matrix) {
     let positions = dims.positions();
-    let image_len = out_channels * positions;
-    if images.len() == 1 {
-        return &grad[images.start * image_len..][..image_len];
-    }
     let count = images.len();
-    buffer.resize(image_len * count, 0.0);
-    for (index, dst) in buffer.chunks_mut(positions).enumerate() {
-        let (channel, slot) = (index / count, index % count);
-        let image = images.start + slot;
-        dst.copy_from_slice(&grad[(image * out_channels + channel) * positions..][..positions]);
+    let width = count * positions;
+    let stride = width + 16;
+    buffer.resize(stride * out_channels, 0.0);
+    for (channel, row) in buffer.chunks_mut(stride).enumerate() {
+        for (slot, image) in images.clone().enumerate() {
+            row[slot * positions..][..positions]
+                .copy_from_slice(&grad[(image * out_channels + channel) * positions..][..positions]);
+        }
     }
-    buffer
+    let matrix = Matrix {
+        rows: out_channels,
+        cols: width,
+        row_stride: stride,
+        col_stride: 1,
+    };
+    (buffer, matrix)
 }
 
 /// `x` `[N, Cin, H, W]` convolved with `weight` `[Cout, Cin, kh, kw]`: `[N, Cout, Ho, Wo]` in
@@ -295,12 +302,7 @@ fn scattered_input_gradient(
                 let width = images.len() * dims.positions();
                 let upstream = gathered(grad, dims, out_channels, images.clone(), gathered_grad);
                 column_grad.resize(dims.rows() * width, 0.0);
-                matmul(
-                    column_grad,
-                    false,
-                    weight_t,
-                    (upstream, Matrix::row_major(out_channels, width)),
-                );
+                matmul(column_grad, false, weight_t, upstream);
                 col2im(column_grad, dims, images, dx);
             },
         );
@@ -353,15 +355,13 @@ pub(crate) fn im2col_weight_gradient(
                 let width = images.len() * dims.positions();
                 columns.resize(dims.rows() * width, 0.0);
                 im2col(x, dims, images.clone(), &mut columns);
-                let upstream = gathered(grad, dims, out_channels, images, &mut gathered_grad);
+                let (upstream, matrix) =
+                    gathered(grad, dims, out_channels, images, &mut gathered_grad);
                 matmul(
                     &mut partial,
                     n > 0,
                     (&columns, Matrix::row_major(dims.rows(), width)),
-                    (
-                        upstream,
-                        Matrix::row_major(out_channels, width).transposed(),
-                    ),
+                    (upstream, matrix.transposed()),
                 );
             }
             partial

@@ -24,8 +24,14 @@ use crate::winograd_tiles::{
     POINTS, Tiling, channel_stride, transform_input, transform_output, transform_output_grad,
 };
 
-/// Tiles a block's GEMMs should see at least (the column count of each of its 16 GEMMs).
+/// Tiles a forward block's GEMMs should see at least (the column count of each of its 16
+/// GEMMs).
 const BLOCK_TILES: usize = 256;
+
+/// Tiles a weight-gradient block should hold at least (the inner dimension of its 16 GEMMs):
+/// more than the forward's, since each GEMM's whole `[Cin, Cout]` result is read and written
+/// per block (512 measured up to 1.5× faster than 256 at 256 channels, 8×8).
+const WEIGHT_BLOCK_TILES: usize = 512;
 
 /// Partial weight gradients computed in parallel and then added in order.
 const WEIGHT_GRADIENT_GROUPS: usize = 8;
@@ -53,9 +59,9 @@ pub(crate) fn applies(dims: &ConvDims, out_channels: usize) -> bool {
         && dims.output[0].min(dims.output[1]) >= MIN_OUTPUT
 }
 
-/// Images per block of `tiling`: enough for [`BLOCK_TILES`] tiles.
-fn block_images(tiling: Tiling) -> usize {
-    BLOCK_TILES.div_ceil(tiling.per_image().max(1)).max(1)
+/// Images per block of `tiling`: enough for `tiles` tiles.
+fn block_images(tiling: Tiling, tiles: usize) -> usize {
+    tiles.div_ceil(tiling.per_image().max(1)).max(1)
 }
 
 /// The images of block `index` of `size` images each.
@@ -128,7 +134,7 @@ pub(crate) fn forward(
     let u = transform_kernel(weight, dims.channels, out_channels);
     let [out_h, out_w] = dims.output;
     let plane = out_h * out_w;
-    let size = block_images(tiling);
+    let size = block_images(tiling, BLOCK_TILES);
     let mut output = vec![0.0f32; batch * out_channels * plane];
     output
         .par_chunks_mut(size * out_channels * plane)
@@ -175,7 +181,7 @@ pub(crate) fn weight_gradient(
     out_channels: usize,
 ) -> Vec<f32> {
     let tiling = Tiling::new(dims);
-    let size = block_images(tiling);
+    let size = block_images(tiling, WEIGHT_BLOCK_TILES);
     let blocks = batch.div_ceil(size);
     let groups = blocks.clamp(1, WEIGHT_GRADIENT_GROUPS);
     let per_group = blocks.div_ceil(groups);
