@@ -107,8 +107,9 @@ fn gathered<'a>(
     buffer.resize(stride * out_channels, 0.0);
     for (channel, row) in buffer.chunks_mut(stride).enumerate() {
         for (slot, image) in images.clone().enumerate() {
-            row[slot * positions..][..positions]
-                .copy_from_slice(&grad[(image * out_channels + channel) * positions..][..positions]);
+            row[slot * positions..][..positions].copy_from_slice(
+                &grad[(image * out_channels + channel) * positions..][..positions],
+            );
         }
     }
     let matrix = Matrix {

@@ -37,13 +37,15 @@ const WEIGHT_BLOCK_TILES: usize = 512;
 const WEIGHT_GRADIENT_GROUPS: usize = 8;
 
 /// Fewest input and output channels for which the transforms pay. Measured on ResNet-18's
-/// shapes (one thread, AMD EPYC Zen 4, forward and weight gradient against im2col): 1.2–1.4×
-/// faster at 64–256 channels, 0.7–0.8× at 16–32, where each of the 16 GEMMs is too thin for
-/// gemm's kernels and im2col's single GEMM of inner dimension `9·Cin` wins.
-pub(crate) const MIN_CHANNELS: usize = 64;
+/// shapes (one thread, AMD EPYC Zen 4, batch 32, against im2col): forward 1.4–1.6× and
+/// weight gradient 1.4–2.0× faster at 64–256 channels, 1.1–1.15× at 32 (16×16), mixed at 16
+/// (32×32: forward 0.76×), where each of the 16 GEMMs is too thin for gemm's kernels and
+/// im2col's single GEMM of inner dimension `9·Cin` wins.
+pub(crate) const MIN_CHANNELS: usize = 32;
 
-/// Smallest output height and width that takes this path: at 4×4 (512 channels) the 16
-/// transformed kernels (16 MB) dominate and im2col was 1.1–1.3× faster.
+/// Smallest output height and width that takes this path: at 4×4 (512 channels) a tile row
+/// is two tiles, the 16 transformed kernels (16 MB) dominate, and the forward ran 0.87× as
+/// fast as im2col's.
 pub(crate) const MIN_OUTPUT: usize = 8;
 
 /// Whether a convolution of `dims` with `out_channels` outputs takes this path: a 3×3 kernel,
