@@ -130,7 +130,7 @@ fn split_row(row: Option<&[f32]>, left: usize, even: &mut [f32], odd: &mut [f32]
         return;
     };
     // Input column x lands in shifted column x + left.
-    let (first, first_start, second, second_start) = if left % 2 == 0 {
+    let (first, first_start, second, second_start) = if left.is_multiple_of(2) {
         (even, left / 2, odd, left / 2)
     } else {
         (odd, left / 2, even, left / 2 + 1)
