@@ -52,7 +52,9 @@ impl Tiling {
 }
 
 /// Runs `body` compiled for the widest instruction set this CPU offers (AVX-512 where
-/// present), so that its element-wise loops vectorize to that width.
+/// present), so that its element-wise loops vectorize to that width. `body` must be an
+/// `#[inline(always)]` closure: otherwise it stays a function of its own, compiled for the
+/// crate's baseline (SSE2), and only the call sits in the dispatched code.
 #[inline(always)]
 fn simd<R>(body: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(body)
@@ -174,62 +176,65 @@ pub(crate) fn transform_input(
         .for_each_init(
             || vec![0.0f32; 4 * split_len + 8 * vertical_len],
             |scratch, (channel, out)| {
-                simd(|| {
-                    let (split, vertical) = scratch.split_at_mut(4 * split_len);
-                    for (slot, image) in images.clone().enumerate() {
-                        let plane = &x[(image * dims.channels + channel) * h * w..][..h * w];
-                        // Even rows' even and odd columns, odd rows' even and odd columns.
-                        let [ee, eo, oe, oo] = slices::<4>(&mut *split, split_len);
-                        for pair in 0..rows + 1 {
-                            let range = pair * width..(pair + 1) * width;
-                            for (parity, (even, odd)) in
-                                [(&mut *ee, &mut *eo), (&mut *oe, &mut *oo)]
-                                    .into_iter()
-                                    .enumerate()
-                            {
-                                let y = (2 * pair + parity).checked_sub(top).filter(|&y| y < h);
-                                let row = y.map(|y| &plane[y * w..][..w]);
-                                split_row(
-                                    row,
-                                    left,
-                                    &mut even[range.clone()],
-                                    &mut odd[range.clone()],
-                                );
+                simd(
+                    #[inline(always)]
+                    || {
+                        let (split, vertical) = scratch.split_at_mut(4 * split_len);
+                        for (slot, image) in images.clone().enumerate() {
+                            let plane = &x[(image * dims.channels + channel) * h * w..][..h * w];
+                            // Even rows' even and odd columns, odd rows' even and odd columns.
+                            let [ee, eo, oe, oo] = slices::<4>(&mut *split, split_len);
+                            for pair in 0..rows + 1 {
+                                let range = pair * width..(pair + 1) * width;
+                                for (parity, (even, odd)) in
+                                    [(&mut *ee, &mut *eo), (&mut *oe, &mut *oo)]
+                                        .into_iter()
+                                        .enumerate()
+                                {
+                                    let y = (2 * pair + parity).checked_sub(top).filter(|&y| y < h);
+                                    let row = y.map(|y| &plane[y * w..][..w]);
+                                    split_row(
+                                        row,
+                                        left,
+                                        &mut even[range.clone()],
+                                        &mut odd[range.clone()],
+                                    );
+                                }
+                            }
+                            // Bᵀ down the columns, for even and odd columns: rows E[a], O[a],
+                            // E[a + 1], O[a + 1] of each tile row.
+                            let [v0e, v0o, v1e, v1o, v2e, v2o, v3e, v3o] =
+                                slices::<8>(&mut *vertical, vertical_len);
+                            for (e, o, [v0, v1, v2, v3]) in [
+                                (&*ee, &*oe, [&mut *v0e, &mut *v1e, &mut *v2e, &mut *v3e]),
+                                (&*eo, &*oo, [&mut *v0o, &mut *v1o, &mut *v2o, &mut *v3o]),
+                            ] {
+                                let (e_this, e_next) = (&e[..vertical_len], &e[width..]);
+                                let (o_this, o_next) = (&o[..vertical_len], &o[width..]);
+                                sub(v0, e_this, e_next);
+                                add(v1, o_this, e_next);
+                                sub(v2, e_next, o_this);
+                                sub(v3, o_this, o_next);
+                            }
+                            // Bᵀ along the rows: columns e[b], o[b], e[b + 1], o[b + 1] of tile b.
+                            let columns: [(&[f32], &[f32]); 4] =
+                                [(v0e, v0o), (v1e, v1o), (v2e, v2o), (v3e, v3o)];
+                            for (i, (e, o)) in columns.into_iter().enumerate() {
+                                for a in 0..rows {
+                                    let t0 = (slot * rows + a) * cols;
+                                    let start = a * width;
+                                    let [p0, p1, p2, p3] = points(out, tiles, 4 * i, t0, cols);
+                                    let (e0, e1) = (&e[start..][..cols], &e[start + 1..][..cols]);
+                                    let (o0, o1) = (&o[start..][..cols], &o[start + 1..][..cols]);
+                                    sub(p0, e0, e1);
+                                    add(p1, o0, e1);
+                                    sub(p2, e1, o0);
+                                    sub(p3, o0, o1);
+                                }
                             }
                         }
-                        // Bᵀ down the columns, for even and odd columns: rows E[a], O[a],
-                        // E[a + 1], O[a + 1] of each tile row.
-                        let [v0e, v0o, v1e, v1o, v2e, v2o, v3e, v3o] =
-                            slices::<8>(&mut *vertical, vertical_len);
-                        for (e, o, [v0, v1, v2, v3]) in [
-                            (&*ee, &*oe, [&mut *v0e, &mut *v1e, &mut *v2e, &mut *v3e]),
-                            (&*eo, &*oo, [&mut *v0o, &mut *v1o, &mut *v2o, &mut *v3o]),
-                        ] {
-                            let (e_this, e_next) = (&e[..vertical_len], &e[width..]);
-                            let (o_this, o_next) = (&o[..vertical_len], &o[width..]);
-                            sub(v0, e_this, e_next);
-                            add(v1, o_this, e_next);
-                            sub(v2, e_next, o_this);
-                            sub(v3, o_this, o_next);
-                        }
-                        // Bᵀ along the rows: columns e[b], o[b], e[b + 1], o[b + 1] of tile b.
-                        let columns: [(&[f32], &[f32]); 4] =
-                            [(v0e, v0o), (v1e, v1o), (v2e, v2o), (v3e, v3o)];
-                        for (i, (e, o)) in columns.into_iter().enumerate() {
-                            for a in 0..rows {
-                                let t0 = (slot * rows + a) * cols;
-                                let start = a * width;
-                                let [p0, p1, p2, p3] = points(out, tiles, 4 * i, t0, cols);
-                                let (e0, e1) = (&e[start..][..cols], &e[start + 1..][..cols]);
-                                let (o0, o1) = (&o[start..][..cols], &o[start + 1..][..cols]);
-                                sub(p0, e0, e1);
-                                add(p1, o0, e1);
-                                sub(p2, e1, o0);
-                                sub(p3, o0, o1);
-                            }
-                        }
-                    }
-                })
+                    },
+                )
             },
         );
 }
@@ -252,46 +257,49 @@ pub(crate) fn transform_output(
     out.par_chunks_mut(out_h * out_w).enumerate().for_each_init(
         || vec![0.0f32; 12 * n],
         |scratch, (index, plane)| {
-            simd(|| {
-                let (slot, channel) = (index / out_channels, index % out_channels);
-                let t0 = slot * n;
-                let point = |p: usize| &m[p * stride + channel * tiles + t0..][..n];
-                let (columns, results) = scratch.split_at_mut(8 * n);
-                {
-                    // c{j}{r}: row r of Aᵀ M, column j.
-                    let [c00, c01, c10, c11, c20, c21, c30, c31] = slices::<8>(columns, n);
-                    for (j, (c0, c1)) in [(c00, c01), (c10, c11), (c20, c21), (c30, c31)]
-                        .into_iter()
-                        .enumerate()
+            simd(
+                #[inline(always)]
+                || {
+                    let (slot, channel) = (index / out_channels, index % out_channels);
+                    let t0 = slot * n;
+                    let point = |p: usize| &m[p * stride + channel * tiles + t0..][..n];
+                    let (columns, results) = scratch.split_at_mut(8 * n);
                     {
-                        add3(c0, point(j), point(4 + j), point(8 + j));
-                        sub2(c1, point(4 + j), point(8 + j), point(12 + j));
-                    }
-                }
-                let columns = &*columns;
-                let c = |j: usize, r: usize| &columns[(2 * j + r) * n..][..n];
-                let [y00, y01, y10, y11] = slices::<4>(results, n);
-                for (r, (y0, y1)) in [(0, (y00, y01)), (1, (y10, y11))] {
-                    add3(y0, c(0, r), c(1, r), c(2, r));
-                    sub2(y1, c(1, r), c(2, r), c(3, r));
-                    for a in 0..rows {
-                        let out_row = 2 * a + r;
-                        if out_row >= out_h {
-                            continue;
-                        }
-                        let line = &mut plane[out_row * out_w..][..out_w];
-                        let (even, odd) = (&y0[a * cols..][..cols], &y1[a * cols..][..cols]);
-                        let mut pairs = line.chunks_exact_mut(2);
-                        for ((pair, e), o) in (&mut pairs).zip(even).zip(odd) {
-                            pair[0] = *e;
-                            pair[1] = *o;
-                        }
-                        if let [last] = pairs.into_remainder() {
-                            *last = even[cols - 1];
+                        // c{j}{r}: row r of Aᵀ M, column j.
+                        let [c00, c01, c10, c11, c20, c21, c30, c31] = slices::<8>(columns, n);
+                        for (j, (c0, c1)) in [(c00, c01), (c10, c11), (c20, c21), (c30, c31)]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            add3(c0, point(j), point(4 + j), point(8 + j));
+                            sub2(c1, point(4 + j), point(8 + j), point(12 + j));
                         }
                     }
-                }
-            })
+                    let columns = &*columns;
+                    let c = |j: usize, r: usize| &columns[(2 * j + r) * n..][..n];
+                    let [y00, y01, y10, y11] = slices::<4>(results, n);
+                    for (r, (y0, y1)) in [(0, (y00, y01)), (1, (y10, y11))] {
+                        add3(y0, c(0, r), c(1, r), c(2, r));
+                        sub2(y1, c(1, r), c(2, r), c(3, r));
+                        for a in 0..rows {
+                            let out_row = 2 * a + r;
+                            if out_row >= out_h {
+                                continue;
+                            }
+                            let line = &mut plane[out_row * out_w..][..out_w];
+                            let (even, odd) = (&y0[a * cols..][..cols], &y1[a * cols..][..cols]);
+                            let mut pairs = line.chunks_exact_mut(2);
+                            for ((pair, e), o) in (&mut pairs).zip(even).zip(odd) {
+                                pair[0] = *e;
+                                pair[1] = *o;
+                            }
+                            if let [last] = pairs.into_remainder() {
+                                *last = even[cols - 1];
+                            }
+                        }
+                    }
+                },
+            )
         },
     );
 }
@@ -317,47 +325,50 @@ pub(crate) fn transform_output_grad(
         .for_each_init(
             || vec![0.0f32; 10 * n],
             |scratch, (channel, out)| {
-                simd(|| {
-                    for (slot, image) in images.clone().enumerate() {
-                        let plane = &grad[(image * out_channels + channel) * out_h * out_w..]
-                            [..out_h * out_w];
-                        let [e0, o0, e1, o1, se, so, de, d_o, ne, no] =
-                            slices::<10>(&mut *scratch, n);
-                        for a in 0..rows {
-                            let range = a * cols..(a + 1) * cols;
-                            for (r, (even, odd)) in
-                                [(0, (&mut *e0, &mut *o0)), (1, (&mut *e1, &mut *o1))]
-                            {
-                                let y = 2 * a + r;
-                                let row = (y < out_h).then(|| &plane[y * out_w..][..out_w]);
-                                split_row(
-                                    row,
-                                    0,
-                                    &mut even[range.clone()],
-                                    &mut odd[range.clone()],
-                                );
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (slot, image) in images.clone().enumerate() {
+                            let plane = &grad[(image * out_channels + channel) * out_h * out_w..]
+                                [..out_h * out_w];
+                            let [e0, o0, e1, o1, se, so, de, d_o, ne, no] =
+                                slices::<10>(&mut *scratch, n);
+                            for a in 0..rows {
+                                let range = a * cols..(a + 1) * cols;
+                                for (r, (even, odd)) in
+                                    [(0, (&mut *e0, &mut *o0)), (1, (&mut *e1, &mut *o1))]
+                                {
+                                    let y = 2 * a + r;
+                                    let row = (y < out_h).then(|| &plane[y * out_w..][..out_w]);
+                                    split_row(
+                                        row,
+                                        0,
+                                        &mut even[range.clone()],
+                                        &mut odd[range.clone()],
+                                    );
+                                }
+                            }
+                            // A down the columns: v0, v0 + v1, v0 − v1, −v1.
+                            add(se, e0, e1);
+                            add(so, o0, o1);
+                            sub(de, e0, e1);
+                            sub(d_o, o0, o1);
+                            neg(ne, e1);
+                            neg(no, o1);
+                            let t0 = slot * n;
+                            let rows_of_a: [(&[f32], &[f32]); 4] =
+                                [(e0, o0), (se, so), (de, d_o), (ne, no)];
+                            for (i, (e, o)) in rows_of_a.into_iter().enumerate() {
+                                // A along the rows: e, e + o, e − o, −o.
+                                let [p0, p1, p2, p3] = points(out, tiles, 4 * i, t0, n);
+                                p0.copy_from_slice(e);
+                                add(p1, e, o);
+                                sub(p2, e, o);
+                                neg(p3, o);
                             }
                         }
-                        // A down the columns: v0, v0 + v1, v0 − v1, −v1.
-                        add(se, e0, e1);
-                        add(so, o0, o1);
-                        sub(de, e0, e1);
-                        sub(d_o, o0, o1);
-                        neg(ne, e1);
-                        neg(no, o1);
-                        let t0 = slot * n;
-                        let rows_of_a: [(&[f32], &[f32]); 4] =
-                            [(e0, o0), (se, so), (de, d_o), (ne, no)];
-                        for (i, (e, o)) in rows_of_a.into_iter().enumerate() {
-                            // A along the rows: e, e + o, e − o, −o.
-                            let [p0, p1, p2, p3] = points(out, tiles, 4 * i, t0, n);
-                            p0.copy_from_slice(e);
-                            add(p1, e, o);
-                            sub(p2, e, o);
-                            neg(p3, o);
-                        }
-                    }
-                })
+                    },
+                )
             },
         );
 }
