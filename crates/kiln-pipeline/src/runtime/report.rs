@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use kiln_amp::AmpStats;
-use kiln_core::{ImageClassifier, read_params};
+use kiln_core::{Segmented, read_params};
 use kiln_train::{EpochSummary, TrainPosition};
 
 use crate::runtime::PipelineError;
@@ -71,7 +71,7 @@ impl PipelineReport {
 ///
 /// `results` are this process's stage threads', `threads` their indices in (group, stage)
 /// order over all processes.
-pub(crate) fn finish<M: ImageClassifier>(
+pub(crate) fn finish<M: Segmented>(
     driven: Result<Driven, PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
     threads: &[usize],
