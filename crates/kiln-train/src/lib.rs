@@ -49,6 +49,8 @@ mod run_log_tests;
 mod schedule;
 mod step;
 mod stop;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod trainer;
 
 pub use error::TrainError;
@@ -66,6 +68,8 @@ pub use step::{
 pub use stop::StopFlag;
 pub use trainer::{Trainer, TrainerBuilder};
 
+#[cfg(test)]
+mod objective_tests;
 #[cfg(test)]
 mod precision_tests;
 #[cfg(test)]
