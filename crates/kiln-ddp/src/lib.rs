@@ -66,6 +66,8 @@ mod compare;
 #[cfg(test)]
 mod device_tests;
 #[cfg(test)]
+mod objective_tests;
+#[cfg(test)]
 mod precision_tests;
 #[cfg(test)]
 mod sync_bn_tests;
