@@ -15,7 +15,7 @@ use kiln_data::{Batch, ImageBatch};
 /// [`ImageBatch`]es) is the default everywhere; supply your own for any other model:
 /// give it to [`Trainer::with_objective`](crate::Trainer::with_objective),
 /// [`LocalStep::with_objective`](crate::LocalStep::with_objective),
-/// `kiln_ddp::Replica::overlapped_step_with` or `kiln_pipeline::Pipeline::train_with`.
+/// `kiln_ddp::Replica::overlapped_step_with` or `kiln_pipeline::Pipeline::with_objective`.
 ///
 /// **Mixed precision is the step's job, not the objective's**: the step casts what
 /// [`input`](Self::input) returns to the working precision and widens the model's output
