@@ -4,8 +4,8 @@
 //! accumulating the same micro-batches on one device, and within 1e-5 of the change per
 //! tensor of single-device f32 training on the whole batches written out by hand (measured
 //! 2.1e-6 with M = 2, 7.8e-7 with M = 4: only the order of the sums differs); a different
-//! loss misses by far. Plus
-//! validation for the objective, bf16, and a batch that cannot be cut.
+//! loss misses by far. Plus validation for the objective, bf16, and a batch that cannot be
+//! cut.
 
 use std::collections::HashMap;
 
