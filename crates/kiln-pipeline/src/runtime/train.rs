@@ -252,10 +252,11 @@ impl<O: Objective> Pipeline<O> {
             Members::StagesOfAPipeline,
             agreeing,
         );
-        let (step_senders, step_receivers): (
-            Vec<Sender<StepData<O::Batch>>>,
-            Vec<Receiver<StepData<O::Batch>>>,
-        ) = local.iter().map(|_| bounded(1)).unzip();
+        type Channel<B> = (Sender<StepData<B>>, Receiver<StepData<B>>);
+        let (step_senders, step_receivers): (Vec<_>, Vec<_>) = local
+            .iter()
+            .map(|_| -> Channel<O::Batch> { bounded(1) })
+            .unzip();
         let mut step_receivers = step_receivers.into_iter();
         let (done_sender, done_receiver) = unbounded();
         let (part_sender, part_receiver) = unbounded();
