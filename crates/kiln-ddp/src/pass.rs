@@ -36,7 +36,7 @@ use kiln_core::{
     param_infos, segment_param_infos,
 };
 use kiln_data::Batch;
-use kiln_train::Objective;
+use kiln_train::{Objective, objective_loss};
 
 use crate::grads::{Collector, GradStore};
 
@@ -261,7 +261,7 @@ where
     let input = precision.input(objective.input(&batch));
     let ((loss, output), mut tape) = record(reduce, || {
         let output = precision.logits(model.forward(input.clone()));
-        (objective.loss(&output, &batch), output)
+        (objective_loss(objective, &output, &batch), output)
     });
     let loss_value = loss.clone().into_scalar::<f32>();
     let correct = objective.correct(&output, &batch);
@@ -338,7 +338,7 @@ where
             };
         }
         let output = precision.logits(model.forward_output(hidden));
-        let loss = objective.loss(&output, &batch);
+        let loss = objective_loss(objective, &output, &batch);
         (loss, output, boundaries)
     });
     let loss_value = loss.clone().into_scalar::<f32>();

@@ -6,7 +6,7 @@ use std::time::Instant;
 use burn::tensor::{Device, Int, Tensor};
 use kiln_core::{Activation, ImageClassifier, SegmentId, Segmented, segment_param_infos};
 use kiln_data::{Batch, ImageBatch};
-use kiln_train::{Classification, Objective};
+use kiln_train::{Classification, Objective, objective_loss};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::live_bytes;
@@ -258,7 +258,11 @@ where
                 leaf: Some(leaf),
             },
             (SegmentId::Output, Some(leaf)) => Kept::Loss {
-                loss: Box::new(objective.loss(&model.forward_output(leaf.clone()), batch)),
+                loss: Box::new(objective_loss(
+                    objective,
+                    &model.forward_output(leaf.clone()),
+                    batch,
+                )),
                 leaf,
             },
             (_, None) => unreachable!("segments after the first receive a hidden activation"),

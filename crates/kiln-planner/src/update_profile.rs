@@ -6,7 +6,7 @@ use std::time::Instant;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Int, Tensor};
 use kiln_core::{Forward, ImageClassifier, param_infos};
-use kiln_train::{Classification, Objective};
+use kiln_train::{Classification, Objective, objective_loss};
 
 use crate::profile::{ProfileError, ProfileOptions, image_batch, median};
 
@@ -87,7 +87,7 @@ where
     let mut times = Vec::with_capacity(runs);
     for run in 0..=runs {
         let output = updated.forward(objective.input(batch));
-        let loss = objective.loss(&output, batch);
+        let loss = objective_loss(objective, &output, batch);
         let grads = GradientsParams::from_grads(loss.backward(), &updated);
         sync()?;
         let start = Instant::now();

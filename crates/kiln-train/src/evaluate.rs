@@ -3,7 +3,7 @@
 use kiln_core::{Forward, ImageClassifier};
 use kiln_data::{Batch, BatchSource, DataLoader};
 
-use crate::{Classification, Objective, TrainError};
+use crate::{Classification, Objective, TrainError, objective_loss};
 
 /// Loss and accuracy over a validation epoch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -43,7 +43,8 @@ where
         let batch = batch?;
         let n = batch.samples();
         let output = model.forward(objective.input(&batch));
-        loss_sum += f64::from(objective.loss(&output, &batch).into_scalar::<f32>()) * n as f64;
+        loss_sum +=
+            f64::from(objective_loss(objective, &output, &batch).into_scalar::<f32>()) * n as f64;
         correct += objective.correct(&output, &batch);
         samples += n;
     }

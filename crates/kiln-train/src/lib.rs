@@ -57,7 +57,9 @@ pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
-pub use objective::{Classification, Objective, classification_loss, count_correct};
+pub use objective::{
+    Classification, Objective, classification_loss, count_correct, objective_loss,
+};
 pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};
 pub use schedule::{Decay, LrSchedule, linear_scaled_lr};

@@ -108,7 +108,8 @@ pub trait Objective: Clone + Send + Sync + 'static {
     fn input(&self, batch: &Self::Batch) -> Self::Input;
 
     /// The mean loss over `batch`'s samples of the model's `output` (in f32), as a
-    /// one-element f32 tensor; its gradient is what the step descends.
+    /// one-element f32 tensor (shape `[1]`, as Burn's losses with a mean reduction give;
+    /// [`objective_loss`] checks it); its gradient is what the step descends.
     fn loss(&self, output: &Self::Output, batch: &Self::Batch) -> Tensor<1>;
 
     /// Samples of `batch` the `output` gets right, for the accuracy the reports show
@@ -118,6 +119,27 @@ pub trait Objective: Clone + Send + Sync + 'static {
         let _ = (output, batch);
         0
     }
+}
+
+/// `objective`'s loss of `output` against `batch`, checked to be what every step needs: the
+/// mean over the batch's samples, one element. (Every kiln step scores through it.)
+///
+/// # Panics
+/// If the loss has another shape: a per-sample loss would be summed by backward, not
+/// averaged, and silently scale the gradient by the batch size.
+pub fn objective_loss<O: Objective>(
+    objective: &O,
+    output: &O::Output,
+    batch: &O::Batch,
+) -> Tensor<1> {
+    let loss = objective.loss(output, batch);
+    assert_eq!(
+        loss.dims(),
+        [1],
+        "the objective's loss must be the mean over the batch's samples, one element (shape [1]); it gave shape {:?}",
+        loss.dims()
+    );
+    loss
 }
 
 /// Image classification: cross-entropy of the logits against [`ImageBatch`] labels, and

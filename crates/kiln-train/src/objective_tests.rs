@@ -134,3 +134,37 @@ fn batches_on_a_plain_device_are_refused_with_the_reason() {
         .build();
     assert!(matches!(result, Err(TrainError::Config(msg)) if msg.contains("autodiff")));
 }
+
+/// Per-sample losses where the mean belongs.
+#[derive(Debug, Clone, Copy)]
+struct PerSample;
+
+impl crate::Objective for PerSample {
+    type Batch = Rows;
+    type Input = burn::tensor::Tensor<2>;
+    type Output = burn::tensor::Tensor<2>;
+
+    fn input(&self, batch: &Rows) -> burn::tensor::Tensor<2> {
+        batch.features.clone()
+    }
+
+    fn loss(&self, output: &burn::tensor::Tensor<2>, batch: &Rows) -> burn::tensor::Tensor<1> {
+        (output.clone() - batch.targets.clone())
+            .powi_scalar(2)
+            .flatten(0, 1)
+    }
+}
+
+#[test]
+#[should_panic(expected = "the objective's loss must be the mean over the batch's samples")]
+fn a_loss_that_is_not_a_mean_is_refused_with_the_reason() {
+    let device = Device::flex().autodiff();
+    let _ = Trainer::with_objective(RegressionNet::new(&device, SEED), sgd(), PerSample)
+        .train_loader(source(regression_batches(1, 4, &device), &device))
+        .max_steps(1)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit();
+}

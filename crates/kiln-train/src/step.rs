@@ -10,7 +10,7 @@ use kiln_core::{Forward, ImageClassifier};
 use kiln_data::{Batch, ImageBatch};
 
 use crate::accumulate::Accumulator;
-use crate::{Classification, MeanGradient, Objective, TrainError};
+use crate::{Classification, MeanGradient, Objective, TrainError, objective_loss};
 
 /// What one gradient step produced.
 #[derive(Debug)]
@@ -241,7 +241,7 @@ where
     M: Forward<Input = O::Input, Output = O::Output>,
 {
     let output = precision.logits(model.forward(precision.input(objective.input(&batch))));
-    let loss = objective.loss(&output, &batch);
+    let loss = objective_loss(objective, &output, &batch);
     let grads = precision.scaled_loss(loss.clone()).backward();
     (
         grads,

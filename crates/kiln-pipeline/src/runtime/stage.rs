@@ -12,7 +12,7 @@ use kiln_core::{
     Activation, FlatLayout, GradWriter, ParamInfo, SegmentId, Segmented, grads_from_flat,
     param_infos, read_params, segment_param_infos,
 };
-use kiln_train::{GradientSummary, MeanGradient, Objective, TrainError};
+use kiln_train::{GradientSummary, MeanGradient, Objective, TrainError, objective_loss};
 
 use crate::runtime::PipelineError;
 use crate::runtime::empty::{float_bytes, keep_only};
@@ -212,7 +212,7 @@ impl<M: Segmented> Stage<M> {
             Reached::Output(output) => {
                 let batch = batch.expect("the last stage has the targets");
                 let output = precision.logits(*output);
-                let loss = objective.loss(&output, batch);
+                let loss = objective_loss(objective, &output, batch);
                 let value = loss.clone().into_scalar::<f32>();
                 let correct = objective.correct(&output, batch);
                 let forwarded = Forwarded {
@@ -247,7 +247,7 @@ impl<M: Segmented> Stage<M> {
             Reached::Hidden(hidden) => Evaluated::Hidden(hidden),
             Reached::Output(output) => {
                 let batch = batch.expect("the last stage has the targets");
-                let loss = objective.loss(&output, batch);
+                let loss = objective_loss(objective, &output, batch);
                 Evaluated::Scored {
                     loss: loss.into_scalar::<f32>(),
                     correct: objective.correct(&output, batch),
