@@ -5,14 +5,7 @@
 //! and the pipeline only ever need to count a batch's samples and cut it into micro-batches
 //! by sample ranges ([`Batch`]), and to ask a source for an epoch of batches, possibly from
 //! a later batch on ([`BatchSource`]).
-//!
-//! **Why a source trait and not a generic loader.** The loader's workers, sampler and
-//! augmentation are built around labelled images ([`ImageSource`](crate::ImageSource),
-//! [`Transform`](crate::Transform)); making it generic over what it collates would change
-//! every part of it for no gain to image users. The trainer and the pipeline need four
-//! things of their data (how many batches an epoch has, an epoch from a given batch on,
-//! where batches are built, for a check), so they take any [`BatchSource`]: the loader is
-//! one, [`BatchList`] (batches already built) another, and a user's own loader a third.
+//! Why a source trait and not a generic loader: see [`BatchSource`].
 
 use std::ops::Range;
 
@@ -105,7 +98,17 @@ pub type Batches<'a, B> = Box<dyn Iterator<Item = Result<B, DataError>> + 'a>;
 /// An epoch must give [`num_batches`](Self::num_batches) batches, the same ones whenever it
 /// is asked for (a resumed run asks for an epoch from a later batch on and must see the
 /// batches it would have seen). [`DataLoader`](crate::DataLoader) is one (reshuffled per
-/// epoch by its seed); [`BatchList`] gives the same built batches every epoch.
+/// epoch by its seed); [`BatchList`] gives the same built batches every epoch; a user's own
+/// loader of any [`Batch`] type is a third.
+///
+/// **Why a source trait, not a generic loader.** The loader's workers, sampler and
+/// augmentation are built around labelled images ([`ImageSource`](crate::ImageSource),
+/// [`Transform`](crate::Transform)); making it generic over what it collates would change
+/// every part of it for no gain to image users, and would still not cover data that arrives
+/// already batched (a user's own pipeline, a file of tensors). The trainer and the pipeline
+/// need only what this trait asks (the batches per epoch, an epoch from a given batch on,
+/// where batches are built, for a check), so they take any source: the least they can ask,
+/// and nothing the loader does is lost.
 pub trait BatchSource {
     /// What it yields.
     type Batch: Batch;
