@@ -21,12 +21,14 @@
 #![warn(missing_docs)]
 
 mod cast;
+mod float_cast;
 mod mixed;
 mod policy;
 mod precision;
 mod scaler;
 
 pub use cast::{cast_module, module_dtypes};
+pub use float_cast::FloatCast;
 pub use mixed::{AmpStats, MixedPrecision};
 pub use policy::AmpPolicy;
 pub use precision::{Precision, PrecisionParseError};

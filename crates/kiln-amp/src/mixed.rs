@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::tensor::{FloatDType, Tensor};
 
-use crate::{AmpPolicy, GradScaler, Precision, cast_module};
+use crate::{AmpPolicy, FloatCast, GradScaler, Precision, cast_module};
 
 /// What a step does in mixed precision: the compute [`Precision`], which parameters stay
 /// f32 ([`AmpPolicy`]) and the loss scaler ([`GradScaler`]).
@@ -100,19 +100,21 @@ impl MixedPrecision {
             .then(|| cast_module(model.clone(), self.precision.dtype(), &self.policy))
     }
 
-    /// `input` in the working precision.
-    pub fn input<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+    /// `input` (a model's input: a tensor, or any [`FloatCast`] value) in the working
+    /// precision.
+    pub fn input<T: FloatCast>(&self, input: T) -> T {
         match self.precision {
             Precision::F32 => input,
-            precision => input.cast(precision.dtype()),
+            precision => input.cast_float(precision.dtype()),
         }
     }
 
-    /// `logits` in f32, so softmax, cross-entropy and the loss run in f32.
-    pub fn logits<const D: usize>(&self, logits: Tensor<D>) -> Tensor<D> {
+    /// `logits` (a model's output: a tensor, or any [`FloatCast`] value) in f32, so
+    /// softmax, cross-entropy and the loss run in f32.
+    pub fn logits<T: FloatCast>(&self, logits: T) -> T {
         match self.precision {
             Precision::F32 => logits,
-            _ => logits.cast(FloatDType::F32),
+            _ => logits.cast_float(FloatDType::F32),
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! - [`segment`] — a model seen as an ordered list of segments, on which backward/communication
 //!   overlap and pipeline stages build (and the planned planner will).
-//! - [`classifier`] — [`ImageClassifier`], what the trainer needs of a model.
+//! - [`forward`] — [`Forward`], what the training steps need of any model (an input, an
+//!   output); every [`ImageClassifier`] ([`classifier`]) is one.
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
@@ -14,6 +15,7 @@
 pub mod classifier;
 pub mod device_spec;
 pub mod flat;
+pub mod forward;
 pub mod panic;
 pub mod params;
 pub mod seed;
@@ -26,6 +28,7 @@ pub use flat::{
     FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, fingerprint, fingerprint_values,
     grads_from_flat, read_params, write_params,
 };
+pub use forward::Forward;
 pub use panic::panic_message;
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, with_seed};

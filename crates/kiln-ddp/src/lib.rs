@@ -34,6 +34,11 @@
 //!   reduce-scattered and parameters all-gathered.
 //! - **A thread pool per replica** ([`DdpConfig::threads_per_replica`]): each replica's
 //!   CPU kernels run on its own share of the cores instead of contending in one global pool.
+//! - **Any model, any loss**: the steps above train for kiln-train's
+//!   [`Classification`](kiln_train::Classification) objective; their `_with` forms
+//!   ([`Replica::overlapped_step_with`], [`Replica::non_overlapped_step_with`]) train any
+//!   [`Forward`](kiln_core::Forward) / [`Segmented`](kiln_core::Segmented) model for any
+//!   [`Objective`](kiln_train::Objective) (its batches, its loss), every option included.
 #![warn(missing_docs)]
 
 mod balance;
@@ -65,6 +70,8 @@ pub use threads::default_threads_per_replica;
 mod compare;
 #[cfg(test)]
 mod device_tests;
+#[cfg(test)]
+mod objective_tests;
 #[cfg(test)]
 mod precision_tests;
 #[cfg(test)]

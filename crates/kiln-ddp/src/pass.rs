@@ -1,7 +1,7 @@
 //! One micro-batch's forward and backward, reporting gradients group by group.
 //!
 //! A [`Pass`] runs forward on the step's working copy of the model (in the step's precision:
-//! inputs cast, logits and loss in f32, the loss scaled for backward), adds each group's
+//! inputs cast, the output and the objective's loss in f32, the loss scaled for backward), adds each group's
 //! gradients (weighted by [`MixedPrecision::gradient_weight`]) to the replica's
 //! [`GradStore`] and then tells the [`GroupSink`], which starts the all-reduce of every
 //! bucket that has just become complete. [`BySegment`] cuts the graph at every segment
@@ -28,14 +28,15 @@
 
 use std::ops::{Add, Range};
 
+use burn::module::Module;
 use burn::tensor::{Gradients, Tensor};
 use kiln_amp::MixedPrecision;
 use kiln_core::{
-    Activation, FlatLayout, ImageClassifier, ParamInfo, SegmentId, Segmented, StatsReducer,
-    StatsTape, param_infos, segment_param_infos,
+    Activation, FlatLayout, Forward, ParamInfo, SegmentId, Segmented, StatsReducer, StatsTape,
+    param_infos, segment_param_infos,
 };
-use kiln_data::ImageBatch;
-use kiln_train::{classification_loss, count_correct};
+use kiln_data::Batch;
+use kiln_train::{Objective, objective_loss};
 
 use crate::grads::{Collector, GradStore};
 
@@ -60,14 +61,21 @@ pub(crate) struct PassContext<'a> {
     pub reduce: Option<StatsReducer>,
 }
 
-/// How a step runs forward and backward of one micro-batch for one model type.
-pub(crate) trait Pass<M> {
+/// How a step runs forward and backward of one micro-batch for one model type and
+/// objective.
+pub(crate) trait Pass<M, O: Objective> {
     /// The model's trainable parameters grouped as the pass reports them, in backward order.
     fn groups(&self, model: &M) -> Vec<Vec<ParamInfo>>;
 
-    /// Forward and backward of `batch` on `model` (the step's working copy); returns (loss,
-    /// correct predictions).
-    fn run(&self, model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize);
+    /// Forward and backward of `objective` on `batch` on `model` (the step's working copy);
+    /// returns (loss, the objective's correct count).
+    fn run(
+        &self,
+        model: &M,
+        objective: &O,
+        batch: O::Batch,
+        context: PassContext<'_>,
+    ) -> (f32, usize);
 }
 
 /// Forward and backward through the whole model, then one group (any model).
@@ -76,19 +84,30 @@ pub(crate) struct WholeModel;
 /// Forward with a cut at every segment boundary, backward segment by segment.
 pub(crate) struct BySegment;
 
-impl<M: ImageClassifier> Pass<M> for WholeModel {
+impl<M, O> Pass<M, O> for WholeModel
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output>,
+{
     fn groups(&self, model: &M) -> Vec<Vec<ParamInfo>> {
         vec![trainable(param_infos(model))]
     }
 
-    fn run(&self, model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize) {
-        full_pass(model, batch, context)
+    fn run(
+        &self,
+        model: &M,
+        objective: &O,
+        batch: O::Batch,
+        context: PassContext<'_>,
+    ) -> (f32, usize) {
+        full_pass(model, objective, batch, context)
     }
 }
 
-impl<M> Pass<M> for BySegment
+impl<M, O> Pass<M, O> for BySegment
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    O: Objective,
+    M: Segmented<Input = O::Input, Output = O::Output>,
     M::Hidden: Add<Output = M::Hidden>,
 {
     fn groups(&self, model: &M) -> Vec<Vec<ParamInfo>> {
@@ -98,8 +117,14 @@ where
             .collect()
     }
 
-    fn run(&self, model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize) {
-        segmented_pass(model, batch, context)
+    fn run(
+        &self,
+        model: &M,
+        objective: &O,
+        batch: O::Batch,
+        context: PassContext<'_>,
+    ) -> (f32, usize) {
+        segmented_pass(model, objective, batch, context)
     }
 }
 
@@ -128,7 +153,7 @@ struct Sink<'a, M> {
     scale: f32,
 }
 
-impl<M: ImageClassifier> Sink<'_, M> {
+impl<M: Module> Sink<'_, M> {
     /// Adds a backward piece's gradients of the parameters `visit` reaches to the store.
     fn collect(&mut self, grads: &mut Gradients, visit: &dyn Fn(&M, &mut Collector<'_>)) {
         visit(
@@ -172,7 +197,7 @@ enum Instance<H> {
 /// that is safe, else on a replay of the segment (`replay` reruns the segment's forward and
 /// returns the replay's input leaf, if the segment has one). Gradients reaching the
 /// segment input go to `input_grad`.
-fn synchronised_pieces<M: ImageClassifier, H: Activation + Add<Output = H>>(
+fn synchronised_pieces<M: Module, H: Activation + Add<Output = H>>(
     sink: &mut Sink<'_, M>,
     tape: &mut StatsTape,
     range: Range<usize>,
@@ -215,11 +240,16 @@ fn synchronised_pieces<M: ImageClassifier, H: Activation + Add<Output = H>>(
 
 /// Forward and backward through the whole model, then one group. Synchronised layers cost
 /// a replay of the whole forward each (the model is one segment that forks inside).
-fn full_pass<M: ImageClassifier>(
+fn full_pass<M, O>(
     model: &M,
-    batch: ImageBatch,
+    objective: &O,
+    batch: O::Batch,
     context: PassContext<'_>,
-) -> (f32, usize) {
+) -> (f32, usize)
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output>,
+{
     let PassContext {
         layout,
         store,
@@ -227,17 +257,14 @@ fn full_pass<M: ImageClassifier>(
         sink: group_sink,
         reduce,
     } = context;
-    let samples = batch.indices.len();
-    let images = precision.input(batch.images);
-    let ((loss, logits), mut tape) = record(reduce, || {
-        let logits = precision.logits(model.forward_logits(images.clone()));
-        (
-            classification_loss(logits.clone(), batch.labels.clone()),
-            logits,
-        )
+    let samples = batch.samples();
+    let input = precision.input(objective.input(&batch));
+    let ((loss, output), mut tape) = record(reduce, || {
+        let output = precision.logits(model.forward(input.clone()));
+        (objective_loss(objective, &output, &batch), output)
     });
     let loss_value = loss.clone().into_scalar::<f32>();
-    let correct = count_correct(logits.detach(), batch.labels);
+    let correct = objective.correct(&output, &batch);
     let mut sink = Sink {
         model,
         layout,
@@ -251,8 +278,9 @@ fn full_pass<M: ImageClassifier>(
     sink.collect(&mut grads, &visit);
     drop(grads);
     let replay = || {
-        model.forward_logits(images.clone());
-        None::<Tensor<4>>
+        model.forward(input.clone());
+        // The whole model has no boundary: no input leaf (any activation type will do).
+        None::<Tensor<1>>
     };
     let pieces = Pieces {
         visit: &visit,
@@ -270,9 +298,15 @@ fn full_pass<M: ImageClassifier>(
 ///
 /// # Panics
 /// If a segment's output does not depend on its input (no gradient reaches the boundary).
-fn segmented_pass<M>(model: &M, batch: ImageBatch, context: PassContext<'_>) -> (f32, usize)
+fn segmented_pass<M, O>(
+    model: &M,
+    objective: &O,
+    batch: O::Batch,
+    context: PassContext<'_>,
+) -> (f32, usize)
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    O: Objective,
+    M: Segmented<Input = O::Input, Output = O::Output>,
     M::Hidden: Add<Output = M::Hidden>,
 {
     // In-process replicas run this concurrently. (Wrong gradients once seen with concurrent
@@ -287,13 +321,13 @@ where
         reduce,
     } = context;
     let middle = model.num_middle_segments();
-    let samples = batch.indices.len();
-    let images = precision.input(batch.images);
+    let samples = batch.samples();
+    let model_input = precision.input(objective.input(&batch));
     // Boundary k feeds middle segment k (k < middle) or the output segment (k = middle):
     // the value before the cut, the cut, and how many synchronised layers ran before it.
-    let ((loss, logits, boundaries), mut tape) = record(reduce, || {
+    let ((loss, output, boundaries), mut tape) = record(reduce, || {
         let mut boundaries: Vec<(M::Hidden, M::Hidden, usize)> = Vec::with_capacity(middle + 1);
-        let mut hidden = model.forward_input(images.clone());
+        let mut hidden = model.forward_input(model_input.clone());
         for index in 0..=middle {
             let cut = hidden.clone().detach_boundary();
             boundaries.push((hidden, cut.clone(), StatsTape::recorded()));
@@ -303,12 +337,12 @@ where
                 cut
             };
         }
-        let logits = precision.logits(model.forward_output(hidden));
-        let loss = classification_loss(logits.clone(), batch.labels.clone());
-        (loss, logits, boundaries)
+        let output = precision.logits(model.forward_output(hidden));
+        let loss = objective_loss(objective, &output, &batch);
+        (loss, output, boundaries)
     });
     let loss_value = loss.clone().into_scalar::<f32>();
-    let correct = count_correct(logits.detach(), batch.labels);
+    let correct = objective.correct(&output, &batch);
 
     let mut sink = Sink {
         model,
@@ -352,7 +386,7 @@ where
         drop(grads);
         let replay = || match segment {
             SegmentId::Input => {
-                model.forward_input(images.clone());
+                model.forward_input(model_input.clone());
                 None
             }
             SegmentId::Middle(k) => {

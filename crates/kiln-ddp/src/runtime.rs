@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use burn::module::Module;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 use kiln_comm::{CommError, CommWorker, DeviceGroup, InProcessGroup};
-use kiln_core::{ImageClassifier, Segmented, panic_message};
-use kiln_train::TrainError;
+use kiln_core::{Forward, ImageClassifier, Segmented, panic_message};
+use kiln_train::{Classification, Objective, TrainError};
 
 use crate::consensus::{Selection, broadcast, check_divergence};
 use crate::grads::GradStore;
@@ -303,29 +303,61 @@ impl Replica {
         })
     }
 
-    /// A step running `pass` with this replica's communicator, options and gradient store.
-    fn step<M: ImageClassifier>(&self, pass: Box<dyn Pass<M>>) -> DdpStep<M> {
+    /// A step running `pass` for `objective` with this replica's communicator, options and
+    /// gradient store.
+    fn step<M: Module, O: Objective>(
+        &self,
+        pass: Box<dyn Pass<M, O>>,
+        objective: O,
+    ) -> DdpStep<M, O> {
         let store = GradStore::choose(
             self.config.gradient_path,
             &self.device,
             self.device_group.clone(),
             &self.comm,
         );
-        DdpStep::new(Arc::clone(&self.comm), self.config.clone(), pass, store)
+        DdpStep::new(
+            Arc::clone(&self.comm),
+            self.config.clone(),
+            (pass, objective),
+            store,
+        )
     }
 
-    /// A step that all-reduces gradients after backward (any model).
+    /// A step that all-reduces gradients after backward (any image classifier).
     pub fn non_overlapped_step<M: ImageClassifier>(&self) -> DdpStep<M> {
-        self.step(Box::new(WholeModel))
+        self.non_overlapped_step_with(Classification)
     }
 
     /// A step that runs backward segment by segment and all-reduces each bucket while
-    /// earlier segments are still differentiating.
+    /// earlier segments are still differentiating (an image classifier with segments).
     pub fn overlapped_step<M>(&self) -> DdpStep<M>
     where
-        M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+        M: ImageClassifier
+            + Segmented<Input = burn::tensor::Tensor<4>, Output = burn::tensor::Tensor<2>>,
         M::Hidden: std::ops::Add<Output = M::Hidden>,
     {
-        self.step(Box::new(BySegment))
+        self.overlapped_step_with(Classification)
+    }
+
+    /// [`non_overlapped_step`](Self::non_overlapped_step) for any model and `objective`
+    /// (its loss, the batches it reads).
+    pub fn non_overlapped_step_with<M, O>(&self, objective: O) -> DdpStep<M, O>
+    where
+        O: Objective,
+        M: Forward<Input = O::Input, Output = O::Output>,
+    {
+        self.step(Box::new(WholeModel), objective)
+    }
+
+    /// [`overlapped_step`](Self::overlapped_step) for any [`Segmented`] model and
+    /// `objective`: the segments' input and output are the objective's.
+    pub fn overlapped_step_with<M, O>(&self, objective: O) -> DdpStep<M, O>
+    where
+        O: Objective,
+        M: Segmented<Input = O::Input, Output = O::Output>,
+        M::Hidden: std::ops::Add<Output = M::Hidden>,
+    {
+        self.step(Box::new(BySegment), objective)
     }
 }

@@ -5,13 +5,15 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use burn::module::Module;
 use burn::optim::GradientsParams;
 use kiln_amp::AmpStats;
 use kiln_comm::{CommError, CommWorker, ReduceOp};
-use kiln_core::{FlatLayout, ImageClassifier, StatsReducer, grads_from_flat};
-use kiln_data::ImageBatch;
+use kiln_core::{FlatLayout, StatsReducer, grads_from_flat};
+use kiln_data::Batch;
 use kiln_train::{
-    GradientStep, GradientSummary, MeanGradient, StepMetrics, StepOutput, TrainError,
+    Classification, GradientStep, GradientSummary, MeanGradient, Objective, StepMetrics,
+    StepOutput, TrainError,
 };
 
 use crate::bucketing::{Bucketing, NoBuckets};
@@ -37,11 +39,13 @@ use crate::{Compression, DdpConfig, SyncMode};
 /// local SGD agree on it with one small all-reduce).
 ///
 /// Create it with [`Replica::non_overlapped_step`](crate::Replica::non_overlapped_step) or
-/// [`Replica::overlapped_step`](crate::Replica::overlapped_step).
-pub struct DdpStep<M> {
+/// [`Replica::overlapped_step`](crate::Replica::overlapped_step) (for [`Classification`]),
+/// or their `_with` forms for any [`Objective`] `O`.
+pub struct DdpStep<M, O: Objective = Classification> {
     comm: Arc<CommWorker>,
     config: DdpConfig,
-    pass: Box<dyn Pass<M>>,
+    pass: Box<dyn Pass<M, O>>,
+    objective: O,
     plan: Option<BucketPlan>,
     zero: Option<ZeroPlan>,
     store: GradStore,
@@ -49,13 +53,13 @@ pub struct DdpStep<M> {
     stats: Arc<Mutex<SyncStats>>,
 }
 
-impl<M: ImageClassifier> DdpStep<M> {
+impl<M: Module, O: Objective> DdpStep<M, O> {
     /// # Panics
     /// If `config` was not validated ([`DdpConfig::validate`] checks the clipping norm).
     pub(crate) fn new(
         comm: Arc<CommWorker>,
         config: DdpConfig,
-        pass: Box<dyn Pass<M>>,
+        (pass, objective): (Box<dyn Pass<M, O>>, O),
         store: GradStore,
     ) -> Self {
         // ZeRO-1 reduce-scatters one host buffer.
@@ -74,6 +78,7 @@ impl<M: ImageClassifier> DdpStep<M> {
             comm,
             config,
             pass,
+            objective,
             plan: None,
             zero: None,
             store,
@@ -102,7 +107,7 @@ impl<M: ImageClassifier> DdpStep<M> {
     fn run_pass(
         &self,
         working: &M,
-        batch: ImageBatch,
+        batch: O::Batch,
         layout: &FlatLayout,
         store: &mut GradStore,
         sink: &mut dyn GroupSink,
@@ -127,7 +132,7 @@ impl<M: ImageClassifier> DdpStep<M> {
             sink,
             reduce,
         };
-        let result = self.pass.run(working, batch, context);
+        let result = self.pass.run(working, &self.objective, batch, context);
         match failure.take() {
             Some(err) => Err(err.into()),
             None => Ok(result),
@@ -139,7 +144,7 @@ impl<M: ImageClassifier> DdpStep<M> {
     fn zero_gradients(
         &mut self,
         model: &M,
-        batches: Vec<ImageBatch>,
+        batches: Vec<O::Batch>,
     ) -> Result<StepOutput, TrainError> {
         let (rank, world) = (self.comm.rank(), self.comm.world_size());
         let zero = self.zero.take().unwrap_or_else(|| {
@@ -155,7 +160,7 @@ impl<M: ImageClassifier> DdpStep<M> {
         let mut metrics = StepMetrics::default();
         let compute_start = Instant::now();
         for batch in batches {
-            let size = batch.indices.len();
+            let size = batch.samples();
             let (loss, right) =
                 self.run_pass(working, batch, &zero.full, &mut store, &mut NoBuckets)?;
             metrics.record(loss, right, size);
@@ -227,11 +232,11 @@ pub(crate) fn sum_summaries(
     summary.sum_over_ranks(|values, op| comm.all_reduce_values(values, op))
 }
 
-impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
+impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
     fn gradients(
         &mut self,
         model: &M,
-        batches: Vec<ImageBatch>,
+        batches: Vec<O::Batch>,
         _step: usize,
     ) -> Result<StepOutput, TrainError> {
         if self.config.zero1 && self.config.mode == SyncMode::Gradients {
@@ -251,7 +256,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let working = self.rule.precision().working_copy(model);
         let working = working.as_ref().unwrap_or(model);
 
-        let samples: usize = batches.iter().map(|b| b.indices.len()).sum();
+        let samples: usize = batches.iter().map(Batch::samples).sum();
         let synchronous = self.config.mode == SyncMode::Gradients;
         let wire = Wire {
             compression: self.config.compression,
@@ -263,7 +268,7 @@ impl<M: ImageClassifier> GradientStep<M> for DdpStep<M> {
         let mut bucketing = Bucketing::new(&plan, wire, samples);
         let compute_start = Instant::now();
         for (index, batch) in batches.into_iter().enumerate() {
-            let size = batch.indices.len();
+            let size = batch.samples();
             let sink: &mut dyn GroupSink = if index + 1 == count && synchronous {
                 &mut bucketing
             } else {

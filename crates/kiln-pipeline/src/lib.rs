@@ -8,6 +8,12 @@
 //! anything runs; [`Schedule::chart`](schedule::Schedule::chart) draws the result (what
 //! `--show-schedule` prints).
 //!
+//! [`Pipeline`] runs it: one thread per stage, the driver cutting each batch into
+//! micro-batches. The model is any [`Segmented`](kiln_core::Segmented) one, whatever its
+//! input and output; the last stage's loss is the [`Objective`](kiln_train::Objective)'s
+//! (cross-entropy over image batches for [`Pipeline::new`], a user's own with
+//! [`Pipeline::with_objective`]).
+//!
 //! ```
 //! use kiln_pipeline::schedule::{bubble_formula, simulate, Costs, Schedule, ScheduleKind};
 //!

@@ -4,6 +4,8 @@
 //! - [`profile_segments`] measures each segment's forward and backward time, parameter bytes,
 //!   output bytes and (where the device's memory can be read: an accelerator's allocator, or
 //!   the CPU heap through [`TrackingAllocator`]) the activations it keeps for backward.
+//!   [`profile_segments_with`] and [`profile_update_with`] profile any segmented model for
+//!   its own objective (its batches, its loss).
 //!   A [`ModelProfile`] holds profiles at several batch sizes and predicts any other size;
 //!   [`ProfileCache`] keeps them as JSON.
 //! - [`predict_data_parallel`] and [`predict_pipeline`] are the cost model; [`choose_plan`]
@@ -57,10 +59,11 @@ pub use partition::{
 };
 pub use plan::{Layout, Plan, Predicted};
 pub use profile::{
-    BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments, segment_name,
+    BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments,
+    profile_segments_with, segment_name,
 };
 pub use search::{
     DATA_PARALLEL_MARGIN, Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan,
     choose_plan_with_lever,
 };
-pub use update_profile::profile_update;
+pub use update_profile::{profile_update, profile_update_with};

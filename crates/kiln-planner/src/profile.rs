@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor};
 use kiln_core::{Activation, ImageClassifier, SegmentId, Segmented, segment_param_infos};
-use kiln_train::classification_loss;
+use kiln_data::{Batch, ImageBatch};
+use kiln_train::{Classification, Objective, objective_loss};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::live_bytes;
@@ -77,18 +78,12 @@ pub enum ProfileError {
     Input(String),
 }
 
-/// Profiles every segment of `model` on the device of `images` (an autodiff device):
-/// `options.warmup` untimed runs, then `options.runs` timed ones, each segment's forward and
-/// backward timed on its own (segments are cut apart at their boundaries, as pipeline stages
-/// cut them) and the medians kept. The loss is cross-entropy against `labels`, part of the
-/// output segment.
-///
-/// Profile with the threads a replica or stage will have ([`ProfileOptions::threads`]), and
-/// while nothing else allocates: on the CPU the kept activations are the heap's growth.
+/// Profiles every segment of the image classifier `model` on the device of `images` (an
+/// autodiff device): [`profile_segments_with`] for [`Classification`], the loss
+/// cross-entropy against `labels`.
 ///
 /// # Errors
-/// [`ProfileError::Input`] for zero runs or an empty batch; [`ProfileError::Device`] when
-/// the device fails or the model panics on it.
+/// As [`profile_segments_with`].
 pub fn profile_segments<M>(
     model: &M,
     images: Tensor<4>,
@@ -98,10 +93,48 @@ pub fn profile_segments<M>(
 where
     M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + Sync,
 {
-    let batch = images.dims()[0];
-    if options.runs == 0 || batch == 0 {
+    let device = images.device();
+    let batch = image_batch(images, labels);
+    profile_segments_with(model, &Classification, &batch, &device, options)
+}
+
+/// `images` and `labels` as a batch (indices in order: the profile does not read them).
+pub(crate) fn image_batch(images: Tensor<4>, labels: Tensor<1, Int>) -> ImageBatch {
+    ImageBatch {
+        indices: (0..images.dims()[0]).collect(),
+        images,
+        labels,
+    }
+}
+
+/// Profiles every segment of `model` (any [`Segmented`] model, for any [`Objective`]) on
+/// `batch`, which lies on `device` (an autodiff device): `options.warmup` untimed runs, then
+/// `options.runs` timed ones, each segment's forward and backward timed on its own (segments
+/// are cut apart at their boundaries, as pipeline stages cut them) and the medians kept.
+/// The objective's loss is part of the output segment. (In f32: the model input and output
+/// are not cast.)
+///
+/// Profile with the threads a replica or stage will have ([`ProfileOptions::threads`]), and
+/// while nothing else allocates: on the CPU the kept activations are the heap's growth.
+///
+/// # Errors
+/// [`ProfileError::Input`] for zero runs or an empty batch; [`ProfileError::Device`] when
+/// the device fails or the model panics on it.
+pub fn profile_segments_with<M, O>(
+    model: &M,
+    objective: &O,
+    batch: &O::Batch,
+    device: &Device,
+    options: &ProfileOptions,
+) -> Result<BatchProfile, ProfileError>
+where
+    O: Objective,
+    M: Segmented<Input = O::Input, Output = O::Output> + Sync,
+{
+    let samples = batch.samples();
+    if options.runs == 0 || samples == 0 {
         return Err(ProfileError::Input(format!(
-            "needs at least one run and one sample (runs {}, batch {batch})",
+            "needs at least one run and one sample (runs {}, batch {samples})",
             options.runs
         )));
     }
@@ -111,15 +144,17 @@ where
             threads: None,
             ..options.clone()
         };
-        return pool.install(|| profile_segments(model, images, labels, &options));
+        // The pool's thread takes its own handles (a batch need not be `Sync`).
+        let (batch, device) = (batch.clone(), device.clone());
+        return pool
+            .install(move || profile_segments_with(model, objective, &batch, &device, &options));
     }
-    let device = images.device();
     let ids = model.segments();
     let mut runs = Vec::with_capacity(options.runs);
     for run in 0..options.warmup + options.runs {
         // A model that panics on this device is this device's failure, reported as an error.
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_once(model, &ids, images.clone(), labels.clone(), &device)
+            run_once(model, &ids, (objective, batch), device)
         }));
         let measured = attempt.unwrap_or_else(|panic| {
             Err(ProfileError::Device {
@@ -155,7 +190,10 @@ where
             }
         })
         .collect();
-    Ok(BatchProfile { batch, segments })
+    Ok(BatchProfile {
+        batch: samples,
+        segments,
+    })
 }
 
 /// A compute pool of `threads` threads for profiling.
@@ -182,15 +220,15 @@ enum Kept<H> {
     Loss { leaf: H, loss: Box<Tensor<1>> },
 }
 
-fn run_once<M>(
+fn run_once<M, O>(
     model: &M,
     ids: &[SegmentId],
-    images: Tensor<4>,
-    labels: Tensor<1, Int>,
+    (objective, batch): (&O, &O::Batch),
     device: &Device,
 ) -> Result<Vec<Measured>, ProfileError>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    O: Objective,
+    M: Segmented<Input = O::Input, Output = O::Output>,
 {
     let sync = || {
         device.sync().map_err(|err| ProfileError::Device {
@@ -201,7 +239,7 @@ where
     sync()?;
     let mut measured = vec![Measured::default(); ids.len()];
     let mut kept: Vec<Kept<M::Hidden>> = Vec::with_capacity(ids.len());
-    let mut images = Some(images);
+    let mut input = Some(objective.input(batch));
     let mut carried: Option<M::Hidden> = None;
     for (index, &id) in ids.iter().enumerate() {
         let before = live_bytes(device);
@@ -209,10 +247,10 @@ where
         let leaf = carried.take().map(Activation::detach_boundary);
         let item = match (id, leaf) {
             (SegmentId::Input, _) => {
-                let images = images.take().expect("the input segment comes first, once");
+                let input = input.take().expect("the input segment comes first, once");
                 Kept::Hidden {
                     leaf: None,
-                    output: model.forward_input(images),
+                    output: model.forward_input(input),
                 }
             }
             (SegmentId::Middle(k), Some(leaf)) => Kept::Hidden {
@@ -220,9 +258,10 @@ where
                 leaf: Some(leaf),
             },
             (SegmentId::Output, Some(leaf)) => Kept::Loss {
-                loss: Box::new(classification_loss(
-                    model.forward_output(leaf.clone()),
-                    labels.clone(),
+                loss: Box::new(objective_loss(
+                    objective,
+                    &model.forward_output(leaf.clone()),
+                    batch,
                 )),
                 leaf,
             },

@@ -197,3 +197,37 @@ fn a_model_failing_on_the_device_is_an_error_naming_the_device() {
     assert!(message.contains("planted failure in block 2"), "{err}");
     assert!(err.to_string().starts_with("profiling on "), "{err}");
 }
+
+#[test]
+fn a_model_that_is_not_a_classifier_is_profiled_for_its_objective() {
+    use kiln_train::testing::{Mse, RegressionNet, regression_batches};
+
+    let _alone = crate::memory::MEASURING.lock();
+    let device = Device::flex().autodiff();
+    let model = RegressionNet::new(&device, 1);
+    let batch = regression_batches(1, 8, &device).remove(0);
+    let options = ProfileOptions {
+        runs: 2,
+        warmup: 0,
+        threads: Some(1),
+    };
+    let profile =
+        crate::profile_segments_with(&model, &Mse::default(), &batch, &device, &options).unwrap();
+    assert_eq!(profile.batch, 8);
+    assert_eq!(profile.segments.len(), 4, "input, two middles, output");
+    for segment in &profile.segments {
+        assert!(segment.forward_seconds > 0.0, "{segment:?}");
+        assert!(segment.backward_seconds > 0.0, "{segment:?}");
+        assert!(segment.trainable_bytes > 0, "{segment:?}");
+    }
+    let optimizer = burn::optim::SgdConfig::new().init();
+    let per_byte = crate::profile_update_with(
+        &model,
+        (&Mse::default(), &batch),
+        &device,
+        optimizer,
+        &options,
+    )
+    .unwrap();
+    assert!(per_byte.is_finite() && per_byte > 0.0, "{per_byte}");
+}

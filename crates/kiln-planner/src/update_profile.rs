@@ -4,35 +4,67 @@
 use std::time::Instant;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Int, Tensor};
-use kiln_core::{ImageClassifier, param_infos};
-use kiln_train::classification_loss;
+use burn::tensor::{Device, Int, Tensor};
+use kiln_core::{Forward, ImageClassifier, param_infos};
+use kiln_train::{Classification, Objective, objective_loss};
 
-use crate::profile::{ProfileError, ProfileOptions, median};
+use crate::profile::{ProfileError, ProfileOptions, image_batch, median};
 
-/// Seconds per trainable parameter byte of one `optimizer` step on `model` (the median of
-/// `options.runs` steps after one untimed step that creates the optimizer's state, in a pool
-/// of `options.threads`), measured on the device of `images` with gradients of a real
-/// backward. An update touches each parameter and its state once, so its time is close to
-/// proportional to the bytes.
+/// Seconds per trainable parameter byte of one `optimizer` step on the image classifier
+/// `model`, measured on the device of `images` with gradients of cross-entropy against
+/// `labels`: [`profile_update_with`] for [`Classification`].
 ///
 /// # Errors
-/// [`ProfileError::Input`] for zero runs or a model without trainable parameters;
-/// [`ProfileError::Device`] when the device fails.
+/// As [`profile_update_with`].
 pub fn profile_update<M: ImageClassifier + Clone + Sync>(
     model: &M,
     images: Tensor<4>,
     labels: Tensor<1, Int>,
-    mut optimizer: ModuleOptimizer,
+    optimizer: ModuleOptimizer,
     options: &ProfileOptions,
 ) -> Result<f64, ProfileError> {
+    let device = images.device();
+    let batch = image_batch(images, labels);
+    profile_update_with(
+        model,
+        (&Classification, &batch),
+        &device,
+        optimizer,
+        options,
+    )
+}
+
+/// Seconds per trainable parameter byte of one `optimizer` step on `model` (the median of
+/// `options.runs` steps after one untimed step that creates the optimizer's state, in a pool
+/// of `options.threads`), measured on `device` (the batch's) with gradients of a real
+/// backward of the objective on the batch. An update touches each parameter and its state
+/// once, so its time is close to proportional to the bytes.
+///
+/// # Errors
+/// [`ProfileError::Input`] for zero runs or a model without trainable parameters;
+/// [`ProfileError::Device`] when the device fails.
+pub fn profile_update_with<M, O>(
+    model: &M,
+    (objective, batch): (&O, &O::Batch),
+    device: &Device,
+    mut optimizer: ModuleOptimizer,
+    options: &ProfileOptions,
+) -> Result<f64, ProfileError>
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output> + Clone + Sync,
+{
     if let Some(threads) = options.threads {
         let pool = crate::profile::pool(threads)?;
         let options = ProfileOptions {
             threads: None,
             ..options.clone()
         };
-        return pool.install(move || profile_update(model, images, labels, optimizer, &options));
+        // The pool's thread takes its own handles (a batch need not be `Sync`).
+        let (batch, device) = (batch.clone(), device.clone());
+        return pool.install(move || {
+            profile_update_with(model, (objective, &batch), &device, optimizer, &options)
+        });
     }
     let runs = options.runs;
     let bytes: usize = param_infos(model)
@@ -45,7 +77,6 @@ pub fn profile_update<M: ImageClassifier + Clone + Sync>(
             "an update profile needs runs and trainable parameters (runs {runs}, {bytes} bytes)"
         )));
     }
-    let device = images.device();
     let sync = || {
         device.sync().map_err(|err| ProfileError::Device {
             device: format!("{device:?}"),
@@ -55,7 +86,8 @@ pub fn profile_update<M: ImageClassifier + Clone + Sync>(
     let mut updated = model.clone();
     let mut times = Vec::with_capacity(runs);
     for run in 0..=runs {
-        let loss = classification_loss(updated.forward_logits(images.clone()), labels.clone());
+        let output = updated.forward(objective.input(batch));
+        let loss = objective_loss(objective, &output, batch);
         let grads = GradientsParams::from_grads(loss.backward(), &updated);
         sync()?;
         let start = Instant::now();

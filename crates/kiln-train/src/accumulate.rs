@@ -1,11 +1,12 @@
 //! Gradient accumulation over micro-batches on one device.
 
+use burn::module::Module;
 use burn::optim::GradientsParams;
 use kiln_amp::MixedPrecision;
-use kiln_core::{FlatLayout, GradWriter, ImageClassifier, grads_from_flat, param_infos};
-use kiln_data::ImageBatch;
+use kiln_core::{FlatLayout, Forward, GradWriter, grads_from_flat, param_infos};
+use kiln_data::Batch;
 
-use crate::{MeanGradient, StepMetrics, StepOutput, TrainError, forward_backward};
+use crate::{MeanGradient, Objective, StepMetrics, StepOutput, TrainError, forward_backward_with};
 
 /// Sums weighted gradients of micro-batches in one f32 buffer, for [`MeanGradient`] to turn
 /// into the mean gradient over all their samples: exactly one large batch's gradient.
@@ -18,7 +19,7 @@ pub(crate) struct Accumulator {
 
 impl Accumulator {
     /// An empty accumulator for `model`'s trainable parameters.
-    pub(crate) fn new<M: ImageClassifier>(model: &M) -> Self {
+    pub(crate) fn new<M: Module>(model: &M) -> Self {
         let layout = FlatLayout::new(param_infos(model).into_iter().filter(|p| p.trainable));
         let flat = vec![0.0; layout.len()];
         Self {
@@ -28,16 +29,22 @@ impl Accumulator {
         }
     }
 
-    /// Runs forward and backward of `batch` on `working` (the model in `precision`) and
-    /// adds its gradients, widened to f32 and weighted by [`MixedPrecision::gradient_weight`].
-    pub(crate) fn add<M: ImageClassifier>(
+    /// Runs forward and backward of `objective` on `batch` on `working` (the model in
+    /// `precision`) and adds its gradients, widened to f32 and weighted by
+    /// [`MixedPrecision::gradient_weight`].
+    pub(crate) fn add<M, O>(
         &mut self,
         working: &M,
-        batch: ImageBatch,
+        objective: &O,
+        batch: O::Batch,
         precision: &MixedPrecision,
-    ) {
-        let samples = batch.indices.len();
-        let (mut grads, loss, correct) = forward_backward(working, batch, precision);
+    ) where
+        O: Objective,
+        M: Forward<Input = O::Input, Output = O::Output>,
+    {
+        let samples = batch.samples();
+        let (mut grads, loss, correct) =
+            forward_backward_with(working, objective, batch, precision);
         working.visit(&mut GradWriter {
             grads: &mut grads,
             layout: &self.layout,
@@ -50,7 +57,7 @@ impl Accumulator {
 
     /// The mean gradient over every sample added, by `rule`, for `model`'s parameters (no
     /// gradients when the rule skips the step).
-    pub(crate) fn finish<M: ImageClassifier>(
+    pub(crate) fn finish<M: Module>(
         mut self,
         model: &M,
         rule: &mut MeanGradient,

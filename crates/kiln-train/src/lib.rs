@@ -3,7 +3,9 @@
 //! A [`Trainer`] (built with [`Trainer::builder`]) runs epochs or a fixed number of steps of
 //! an [`ImageClassifier`](kiln_core::ImageClassifier) with any of Burn's optimisers, a
 //! [`LrSchedule`], and reports loss, accuracy and images/s per step, live on a progress bar
-//! and as a summary per epoch. How gradients are produced is a [`GradientStep`]: on one
+//! and as a summary per epoch. Any other model ([`kiln_core::Forward`]) trains the same way
+//! on its own batches ([`kiln_data::BatchSource`]) for its own loss: give an [`Objective`]
+//! to [`Trainer::with_objective`] (the example on [`Objective`]). How gradients are produced is a [`GradientStep`]: on one
 //! device it is a plain forward and backward ([`LocalStep`], in f32 or mixed precision); the data-parallel runtime plugs
 //! in a step that also all-reduces gradients, without changing the loop.
 //!
@@ -37,6 +39,7 @@ mod error;
 mod evaluate;
 mod mean_gradient;
 mod metrics;
+mod objective;
 pub mod plot;
 mod progress;
 mod resume;
@@ -46,22 +49,29 @@ mod run_log_tests;
 mod schedule;
 mod step;
 mod stop;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod trainer;
 
 pub use error::TrainError;
-pub use evaluate::{Evaluation, evaluate};
+pub use evaluate::{Evaluation, evaluate, evaluate_with};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
+pub use objective::{
+    Classification, Objective, classification_loss, count_correct, objective_loss,
+};
 pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};
 pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
 pub use step::{
-    GradientStep, LocalStep, StepMetrics, StepOutput, StepState, classification_loss,
-    count_correct, forward_backward,
+    GradientStep, LocalStep, StepMetrics, StepOutput, StepState, forward_backward,
+    forward_backward_with,
 };
 pub use stop::StopFlag;
 pub use trainer::{Trainer, TrainerBuilder};
 
+#[cfg(test)]
+mod objective_tests;
 #[cfg(test)]
 mod precision_tests;
 #[cfg(test)]

@@ -2,15 +2,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn::nn::loss::CrossEntropyLossConfig;
+use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::{Gradients, Int, Tensor};
+use burn::tensor::Gradients;
 use kiln_amp::{AmpStats, MixedPrecision};
-use kiln_core::ImageClassifier;
-use kiln_data::ImageBatch;
+use kiln_core::{Forward, ImageClassifier};
+use kiln_data::{Batch, ImageBatch};
 
 use crate::accumulate::Accumulator;
-use crate::{MeanGradient, TrainError};
+use crate::{Classification, MeanGradient, Objective, TrainError, objective_loss};
 
 /// What one gradient step produced.
 #[derive(Debug)]
@@ -19,7 +19,8 @@ pub struct StepOutput {
     pub grads: GradientsParams,
     /// Mean loss over this replica's batch.
     pub loss: f32,
-    /// Correctly classified samples in this replica's batch.
+    /// Samples the objective counted as right in this replica's batch (correctly
+    /// classified, for [`Classification`]).
     pub correct: usize,
     /// Samples in this replica's batch.
     pub samples: usize,
@@ -61,18 +62,20 @@ impl StepMetrics {
 /// A gradient step's state for checkpoints (JSON: the loss scaler's, for instance).
 pub type StepState = serde_json::Value;
 
-/// How a training step turns batches into gradients, plus hooks around the update.
+/// How a training step turns batches of type `B` into gradients of `M`, plus hooks around
+/// the update.
 ///
 /// [`LocalStep`] is plain forward and backward on one device. The data-parallel runtime
 /// provides a step that also synchronises gradients (or parameters) with the other replicas;
-/// the trainer's loop is the same for both.
-pub trait GradientStep<M: ImageClassifier> {
+/// the trainer's loop is the same for both. `B` is the batch type of the step's
+/// [`Objective`] ([`ImageBatch`] by default, for [`Classification`]).
+pub trait GradientStep<M: Module, B: Batch = ImageBatch> {
     /// Computes the gradients of `model` over the micro-batches `batches` (one or more, for
     /// gradient accumulation) at global step `step`: the mean over all their samples.
     fn gradients(
         &mut self,
         model: &M,
-        batches: Vec<ImageBatch>,
+        batches: Vec<B>,
         step: usize,
     ) -> Result<StepOutput, TrainError>;
 
@@ -153,21 +156,36 @@ pub trait GradientStep<M: ImageClassifier> {
 /// // Master weights stay f32.
 /// assert!(kiln_amp::module_dtypes(&model).iter().all(|d| *d == burn::tensor::DType::F32));
 /// ```
+///
+/// It trains for [`Classification`] unless given another [`Objective`]
+/// ([`with_objective`](Self::with_objective)).
 #[derive(Debug, Default)]
-pub struct LocalStep {
+pub struct LocalStep<O = Classification> {
     rule: MeanGradient,
+    objective: O,
 }
 
-impl LocalStep {
-    /// Plain f32 forward and backward.
+impl LocalStep<Classification> {
+    /// Plain f32 forward and backward of the classification objective.
     pub fn new() -> Self {
         Self::default()
+    }
+}
+
+impl<O: Objective> LocalStep<O> {
+    /// Plain f32 forward and backward of `objective`.
+    pub fn with_objective(objective: O) -> Self {
+        Self {
+            rule: MeanGradient::default(),
+            objective,
+        }
     }
 
     /// Computes in `precision` (f32 master weights, see [`MixedPrecision`]).
     pub fn with_precision(self, precision: MixedPrecision) -> Self {
         Self {
             rule: self.rule.with_precision(precision),
+            objective: self.objective,
         }
     }
 
@@ -178,7 +196,16 @@ impl LocalStep {
     pub fn with_max_grad_norm(self, max_norm: f32) -> Result<Self, TrainError> {
         Ok(Self {
             rule: self.rule.with_max_norm(max_norm)?,
+            objective: self.objective,
         })
+    }
+
+    /// The same settings (precision, clipping) with `objective` instead.
+    pub fn objective<P: Objective>(self, objective: P) -> LocalStep<P> {
+        LocalStep {
+            rule: self.rule,
+            objective,
+        }
     }
 
     /// Skipped steps and the loss scale, readable after training.
@@ -187,39 +214,47 @@ impl LocalStep {
     }
 }
 
-/// Mean cross-entropy of `logits` against `labels`.
-pub fn classification_loss(logits: Tensor<2>, labels: Tensor<1, Int>) -> Tensor<1> {
-    CrossEntropyLossConfig::new()
-        .init(&logits.device())
-        .forward(logits, labels)
-}
-
-/// Number of correct predictions among `logits` for `labels`.
-pub fn count_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> usize {
-    let [batch, _] = logits.dims();
-    let predicted = logits.argmax(1).reshape([batch]);
-    predicted.equal(labels).int().sum().into_scalar::<i64>() as usize
-}
-
-/// Forward and backward of one batch in `precision` (`model` is the working copy, see
-/// [`MixedPrecision::working_copy`]): the raw autodiff gradients (of the scaled loss), the
-/// loss and the number of correct predictions.
+/// Forward and backward of one image batch in `precision` (`model` is the working copy,
+/// see [`MixedPrecision::working_copy`]): the raw autodiff gradients (of the scaled loss),
+/// the loss and the number of correct predictions ([`forward_backward_with`] for
+/// [`Classification`]).
 pub fn forward_backward<M: ImageClassifier>(
     model: &M,
     batch: ImageBatch,
     precision: &MixedPrecision,
 ) -> (Gradients, f32, usize) {
-    let logits = precision.logits(model.forward_logits(precision.input(batch.images)));
-    let loss = classification_loss(logits.clone(), batch.labels.clone());
+    forward_backward_with(model, &Classification, batch, precision)
+}
+
+/// Forward and backward of one batch of `objective` in `precision` (`model` is the working
+/// copy): the input cast to the working precision, the output widened to f32, the loss
+/// scaled for backward. Returns the raw autodiff gradients (of the scaled loss), the loss
+/// and the objective's [`correct`](Objective::correct) count.
+pub fn forward_backward_with<M, O>(
+    model: &M,
+    objective: &O,
+    batch: O::Batch,
+    precision: &MixedPrecision,
+) -> (Gradients, f32, usize)
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output>,
+{
+    let output = precision.logits(model.forward(precision.input(objective.input(&batch))));
+    let loss = objective_loss(objective, &output, &batch);
     let grads = precision.scaled_loss(loss.clone()).backward();
     (
         grads,
         loss.into_scalar::<f32>(),
-        count_correct(logits.detach(), batch.labels),
+        objective.correct(&output, &batch),
     )
 }
 
-impl<M: ImageClassifier> GradientStep<M> for LocalStep {
+impl<M, O> GradientStep<M, O::Batch> for LocalStep<O>
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output>,
+{
     fn saved_state(&self) -> StepState {
         self.rule.saved_state()
     }
@@ -235,14 +270,15 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
     fn gradients(
         &mut self,
         model: &M,
-        mut batches: Vec<ImageBatch>,
+        mut batches: Vec<O::Batch>,
         _step: usize,
     ) -> Result<StepOutput, TrainError> {
         if batches.len() == 1 && !self.rule.checks() {
             // Plain f32, one batch: the loss is already the batch mean.
             let batch = batches.pop().expect("one batch");
-            let samples = batch.indices.len();
-            let (grads, loss, correct) = forward_backward(model, batch, self.rule.precision());
+            let samples = batch.samples();
+            let (grads, loss, correct) =
+                forward_backward_with(model, &self.objective, batch, self.rule.precision());
             let grads = GradientsParams::from_grads(grads, model);
             return Ok(StepOutput {
                 grads,
@@ -255,7 +291,7 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
         let working = working.as_ref().unwrap_or(model);
         let mut accumulator = Accumulator::new(model);
         for batch in batches {
-            accumulator.add(working, batch, self.rule.precision());
+            accumulator.add(working, &self.objective, batch, self.rule.precision());
         }
         accumulator.finish(model, &mut self.rule)
     }
@@ -263,11 +299,11 @@ impl<M: ImageClassifier> GradientStep<M> for LocalStep {
 
 /// A boxed step is a step, so a program can choose one at run time
 /// (`Box<dyn GradientStep<M>>`).
-impl<M: ImageClassifier, S: GradientStep<M> + ?Sized> GradientStep<M> for Box<S> {
+impl<M: Module, B: Batch, S: GradientStep<M, B> + ?Sized> GradientStep<M, B> for Box<S> {
     fn gradients(
         &mut self,
         model: &M,
-        batches: Vec<ImageBatch>,
+        batches: Vec<B>,
         step: usize,
     ) -> Result<StepOutput, TrainError> {
         (**self).gradients(model, batches, step)

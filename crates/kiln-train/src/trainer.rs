@@ -2,17 +2,22 @@
 
 use std::time::Instant;
 
+use burn::module::Module;
 use burn::optim::ModuleOptimizer;
-use kiln_core::ImageClassifier;
-use kiln_data::DataLoader;
+use kiln_core::{Forward, ImageClassifier};
+use kiln_data::BatchSource;
 
-use crate::evaluate::evaluate;
+use crate::evaluate::evaluate_with;
 use crate::metrics::{EpochSummary, StepRecord, TrainReport};
 use crate::progress::epoch_bar;
 use crate::{
-    CheckpointHook, GradientStep, LocalStep, LrSchedule, StopFlag, TrainError, TrainObserver,
-    TrainPosition,
+    CheckpointHook, Classification, GradientStep, LocalStep, LrSchedule, Objective, StopFlag,
+    TrainError, TrainObserver, TrainPosition,
 };
+
+/// Where a trainer reads batches of `B` from: any [`BatchSource`], boxed so that the
+/// builder's type does not name it.
+type Source<B> = Box<dyn BatchSource<Batch = B>>;
 
 /// How long to train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,34 +27,39 @@ enum Budget {
 }
 
 /// What a builder sets and the trainer keeps, besides the model, optimizer, step and data.
-struct Settings {
+struct Settings<O: Objective> {
     schedule: LrSchedule,
     budget: Budget,
     accumulation: usize,
-    valid: Option<DataLoader>,
+    valid: Option<Source<O::Batch>>,
+    /// Scores validation batches (the objective the step trains for).
+    objective: O,
     progress: bool,
     log_epochs: bool,
 }
 
 /// Configures a [`Trainer`]; see the crate docs for an example.
-pub struct TrainerBuilder<M, S = LocalStep> {
+///
+/// `O` is the [`Objective`] (the batches it reads and the validation loss); the gradient
+/// step `S` must train for the same one ([`Classification`] by default).
+pub struct TrainerBuilder<M, S = LocalStep, O: Objective = Classification> {
     model: M,
     optimizer: ModuleOptimizer,
     step: S,
-    train: Option<DataLoader>,
-    settings: Settings,
+    train: Option<Source<O::Batch>>,
+    settings: Settings<O>,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
     observer: Option<Box<dyn TrainObserver>>,
     stop: Option<StopFlag>,
     start: TrainPosition,
 }
 
-impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
-    pub(crate) fn new(model: M, optimizer: ModuleOptimizer) -> Self {
+impl<M: Module, O: Objective> TrainerBuilder<M, LocalStep<O>, O> {
+    pub(crate) fn new(model: M, optimizer: ModuleOptimizer, objective: O) -> Self {
         Self {
             model,
             optimizer,
-            step: LocalStep::new(),
+            step: LocalStep::with_objective(objective.clone()),
             train: None,
             checkpoint: None,
             observer: None,
@@ -60,6 +70,7 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
                 budget: Budget::Epochs(1),
                 accumulation: 1,
                 valid: None,
+                objective,
                 progress: true,
                 log_epochs: true,
             },
@@ -67,9 +78,11 @@ impl<M: ImageClassifier> TrainerBuilder<M, LocalStep> {
     }
 }
 
-impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
-    /// How gradients are produced (default: [`LocalStep`], one device).
-    pub fn gradient_step<T: GradientStep<M>>(self, step: T) -> TrainerBuilder<M, T> {
+impl<M: Module, S: GradientStep<M, O::Batch>, O: Objective> TrainerBuilder<M, S, O> {
+    /// How gradients are produced (default: [`LocalStep`], one device). It must train for
+    /// the builder's objective (e.g. `replica.overlapped_step_with(objective)` for a
+    /// data-parallel replica), whose batches it takes.
+    pub fn gradient_step<T: GradientStep<M, O::Batch>>(self, step: T) -> TrainerBuilder<M, T, O> {
         TrainerBuilder {
             model: self.model,
             optimizer: self.optimizer,
@@ -139,15 +152,18 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
         self
     }
 
-    /// The training data; its device must be the model's autodiff device.
-    pub fn train_loader(mut self, loader: DataLoader) -> Self {
-        self.train = Some(loader);
+    /// The training data: a [`DataLoader`](kiln_data::DataLoader) of images, or any
+    /// [`BatchSource`] of the objective's batches; its device must be the model's autodiff
+    /// device.
+    pub fn train_loader(mut self, loader: impl BatchSource<Batch = O::Batch> + 'static) -> Self {
+        self.train = Some(Box::new(loader));
         self
     }
 
-    /// Validation data, evaluated after every epoch on the model's inference device.
-    pub fn valid_loader(mut self, loader: DataLoader) -> Self {
-        self.settings.valid = Some(loader);
+    /// Validation data (a loader or any [`BatchSource`] of the objective's batches),
+    /// evaluated for the objective after every epoch on the model's inference device.
+    pub fn valid_loader(mut self, loader: impl BatchSource<Batch = O::Batch> + 'static) -> Self {
+        self.settings.valid = Some(Box::new(loader));
         self
     }
 
@@ -164,11 +180,11 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
     }
 
     /// Checks the configuration.
-    pub fn build(self) -> Result<Trainer<M, S>, TrainError> {
+    pub fn build(self) -> Result<Trainer<M, S, O>, TrainError> {
         let train = self
             .train
             .ok_or_else(|| TrainError::Config("a training loader is required".into()))?;
-        if !train.device().is_autodiff() {
+        if train.device().is_some_and(|device| !device.is_autodiff()) {
             return Err(TrainError::Config("the training loader must build batches on an autodiff device (`Device::autodiff()`)".into()));
         }
         let settings = self.settings;
@@ -194,7 +210,7 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
             )));
         }
         if let Some(valid) = &settings.valid
-            && valid.device().is_autodiff()
+            && valid.device().is_some_and(|device| device.is_autodiff())
         {
             return Err(TrainError::Config("the validation loader must build batches on an inference device (without autodiff)".into()));
         }
@@ -219,13 +235,13 @@ impl<M: ImageClassifier, S: GradientStep<M>> TrainerBuilder<M, S> {
     }
 }
 
-/// Trains one model replica; see [`Trainer::builder`].
-pub struct Trainer<M, S = LocalStep> {
+/// Trains one model replica; see [`Trainer::builder`] and [`Trainer::with_objective`].
+pub struct Trainer<M, S = LocalStep, O: Objective = Classification> {
     model: M,
     optimizer: ModuleOptimizer,
     step: S,
-    train: DataLoader,
-    settings: Settings,
+    train: Source<O::Batch>,
+    settings: Settings<O>,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
     observer: Option<Box<dyn TrainObserver>>,
     stop: Option<StopFlag>,
@@ -233,13 +249,39 @@ pub struct Trainer<M, S = LocalStep> {
 }
 
 impl<M: ImageClassifier> Trainer<M, LocalStep> {
-    /// Starts configuring training of `model` with `optimizer` (e.g. `SgdConfig::new().init()`).
+    /// Starts configuring training of the image classifier `model` with `optimizer` (e.g.
+    /// `SgdConfig::new().init()`), for [`Classification`] on [`ImageBatch`](kiln_data::ImageBatch)es.
     pub fn builder(model: M, optimizer: ModuleOptimizer) -> TrainerBuilder<M, LocalStep> {
-        TrainerBuilder::new(model, optimizer)
+        TrainerBuilder::new(model, optimizer, Classification)
     }
 }
 
-impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
+impl<M, O> Trainer<M, LocalStep<O>, O>
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output>,
+{
+    /// Starts configuring training of any `model` for `objective` (its loss, the batches it
+    /// reads) with `optimizer`; see [`Objective`] for an example.
+    ///
+    /// The objective fixes the batch type, so the training and validation data
+    /// ([`train_loader`](TrainerBuilder::train_loader)) and any
+    /// [`gradient_step`](TrainerBuilder::gradient_step) given later must be for it.
+    pub fn with_objective(
+        model: M,
+        optimizer: ModuleOptimizer,
+        objective: O,
+    ) -> TrainerBuilder<M, LocalStep<O>, O> {
+        TrainerBuilder::new(model, optimizer, objective)
+    }
+}
+
+impl<M, S, O> Trainer<M, S, O>
+where
+    O: Objective,
+    M: Forward<Input = O::Input, Output = O::Output>,
+    S: GradientStep<M, O::Batch>,
+{
     /// Runs training and returns the trained model and what was recorded.
     pub fn fit(mut self) -> Result<(M, TrainReport), TrainError> {
         let per_epoch = self.train.num_batches() / self.settings.accumulation;
@@ -264,19 +306,21 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
             }
             let bar = epoch_bar(self.settings.progress, epoch, steps_this_epoch);
             let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
-            let wait_before = self.train.time_waited();
+            let mut epoch_wait = std::time::Duration::ZERO;
             let first_step = global_step;
             let started = Instant::now();
             let mut batches = self
                 .train
-                .epoch_from(epoch as u64, skip * self.settings.accumulation);
+                .batches(epoch as u64, skip * self.settings.accumulation);
             for _ in 0..steps_this_epoch {
                 let step_start = Instant::now();
-                let waited_before = batches.time_waited();
+                // Any source: the time the step waits for its batches is the data wait.
                 let micro = batches
                     .by_ref()
                     .take(self.settings.accumulation)
                     .collect::<Result<Vec<_>, _>>()?;
+                let data_wait = step_start.elapsed();
+                epoch_wait += data_wait;
                 if micro.len() < self.settings.accumulation {
                     break;
                 }
@@ -290,7 +334,6 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 }
                 model = self.optimizer.step(lr, model, out.grads);
                 model = self.step.after_update(model, global_step)?;
-                let data_wait = batches.time_waited() - waited_before;
                 let accuracy = out.correct as f32 / out.samples.max(1) as f32;
                 let images_per_sec =
                     out.samples as f64 / step_start.elapsed().as_secs_f64().max(1e-9);
@@ -367,11 +410,12 @@ impl<M: ImageClassifier, S: GradientStep<M>> Trainer<M, S> {
                 valid_accuracy: None,
                 images_per_sec: samples as f64 / elapsed.as_secs_f64().max(1e-9),
                 elapsed,
-                data_wait: self.train.time_waited() - wait_before,
+                data_wait: epoch_wait,
             };
             model = self.step.before_eval(model)?;
             if let Some(valid) = &mut self.settings.valid {
-                let evaluation = evaluate(&model.valid(), valid)?;
+                let evaluation =
+                    evaluate_with(&model.valid(), &self.settings.objective, valid.as_mut())?;
                 summary.valid_loss = Some(evaluation.loss);
                 summary.valid_accuracy = Some(evaluation.accuracy);
             }

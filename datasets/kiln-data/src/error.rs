@@ -58,4 +58,12 @@ pub enum DataError {
         /// The batch it owed.
         batch: usize,
     },
+    /// A batch has fewer samples than the micro-batches it was to be cut into.
+    #[error("a batch of {samples} samples cannot be cut into {count} micro-batches")]
+    Cut {
+        /// Samples in the batch.
+        samples: usize,
+        /// Micro-batches asked for.
+        count: usize,
+    },
 }

@@ -11,6 +11,9 @@
 //!   `drop_last`, `set_epoch` reshuffles) plus weighted shares for uneven devices.
 //! - [`DataLoader`]: persistent worker threads, bounded prefetch queues, batches built as
 //!   tensors on the target device, the same batch sequence for any number of workers.
+//! - [`Batch`] and [`BatchSource`]: what training needs of any batch type and of whatever
+//!   yields batches (the loader, [`BatchList`], a user's own), so a user's own model trains
+//!   on the user's own batches.
 //!
 //! ```
 //! use burn::tensor::Device;
@@ -39,6 +42,7 @@ mod error;
 mod loader;
 mod rng;
 mod sampler;
+mod samples;
 mod source;
 mod transform;
 
@@ -47,5 +51,6 @@ pub use datasets::{Cifar10, Mnist, SyntheticImages};
 pub use error::DataError;
 pub use loader::{DataLoader, DataLoaderBuilder, EpochIter};
 pub use sampler::{DistributedSampler, proportional_split};
+pub use samples::{Batch, BatchList, BatchSource, Batches, cut_batch};
 pub use source::{BurnDataset, ImageSource};
 pub use transform::Transform;

@@ -1,12 +1,13 @@
-//! The driver: takes batches from the loader, cuts them into micro-batches, hands every
-//! stage of every data-parallel group its step and collects their reports.
+//! The driver: takes batches from the source (a loader, or any `BatchSource`), cuts them
+//! into micro-batches, hands every stage of every data-parallel group its step and collects
+//! their reports.
 
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::Checkpointer;
 use kiln_comm::Communicator;
-use kiln_data::{DataLoader, ImageBatch};
+use kiln_data::{Batch, BatchSource, cut_batch};
 use kiln_train::{EpochSummary, LrSchedule, StepRecord, StopFlag, TrainObserver, TrainPosition};
 
 use crate::runtime::checkpoint::Writes;
@@ -16,8 +17,8 @@ use crate::runtime::{PipelineConfig, PipelineError};
 
 /// The driver's ends of the stages' channels: one step sender per stage thread of this
 /// process, in (group, stage) order.
-pub(crate) struct ToStages<'a> {
-    pub step_senders: &'a [Sender<StepData>],
+pub(crate) struct ToStages<'a, B> {
+    pub step_senders: &'a [Sender<StepData<B>>],
     /// The thread (in (group, stage) order over all processes) each sender feeds.
     pub threads: &'a [usize],
     /// Stage threads over all processes (D × P).
@@ -45,7 +46,7 @@ pub(crate) struct Driven {
 }
 
 /// Where the run starts and ends, and what goes on around its steps.
-pub(crate) struct Around<'a> {
+pub(crate) struct Around<'a, B> {
     /// Where it starts (a resumed run: the checkpoint's position).
     pub start: TrainPosition,
     /// The step it ends at.
@@ -55,7 +56,7 @@ pub(crate) struct Around<'a> {
     pub stop: Option<&'a StopFlag>,
     pub observer: Option<&'a mut dyn TrainObserver>,
     /// Validation data, run through the first pipeline after every epoch.
-    pub valid: Option<&'a mut DataLoader>,
+    pub valid: Option<&'a mut (dyn BatchSource<Batch = B> + Send)>,
     /// Print every epoch's summary.
     pub log_epochs: bool,
 }
@@ -73,12 +74,12 @@ struct EpochSums {
 /// Feeds the stages step after step and collects their reports. Each step takes one batch
 /// per data-parallel group (consecutive batches of the loader); an epoch is the loader's
 /// batches ÷ the groups, whole steps only.
-pub(crate) fn drive(
+pub(crate) fn drive<S: BatchSource + ?Sized>(
     config: &PipelineConfig,
     schedule: &LrSchedule,
-    loader: &mut DataLoader,
-    around: Around<'_>,
-    to_stages: &ToStages<'_>,
+    loader: &mut S,
+    around: Around<'_, S::Batch>,
+    to_stages: &ToStages<'_, S::Batch>,
 ) -> Result<Driven, PipelineError> {
     let &ToStages {
         step_senders,
@@ -124,7 +125,7 @@ pub(crate) fn drive(
     };
     let mut position = start;
     let mut sums = EpochSums::default();
-    let mut batches = loader.epoch_from(position.epoch as u64, position.step_in_epoch * per_step);
+    let mut batches = loader.batches(position.epoch as u64, position.step_in_epoch * per_step);
     let first = start.step;
     while position.step < steps {
         let step = position.step;
@@ -137,7 +138,7 @@ pub(crate) fn drive(
                 let batch = batches.next().ok_or_else(|| {
                     PipelineError::Config("the loader's epoch ended before its last step".into())
                 })??;
-                micro_batches.extend(cut(batch, config.micro_batches)?);
+                micro_batches.extend(cut(&batch, config.micro_batches)?);
             }
             cuts.push(micro_batches);
         }
@@ -157,7 +158,7 @@ pub(crate) fn drive(
             .as_ref()
             .is_some_and(|(c, _)| c.is_due(&next, finished || stopping));
         let check = config.check_every > 0 && next.step.is_multiple_of(config.check_every);
-        let samples: usize = cuts.iter().flatten().map(|b| b.indices.len()).sum();
+        let samples: usize = cuts.iter().flatten().map(Batch::samples).sum();
         let lr = schedule.lr(step);
         let began = Instant::now();
         for (&thread, sender) in local.iter().zip(step_senders) {
@@ -251,7 +252,9 @@ pub(crate) fn drive(
             driven.epochs.push(summary);
         }
         if next.epoch > position.epoch && !finished {
-            batches = loader.epoch(next.epoch as u64);
+            // The finished epoch's iterator holds the source: let it go first.
+            drop(batches);
+            batches = loader.batches(next.epoch as u64, 0);
         }
         position = next;
         if save && let Some((checkpointer, writes)) = checkpoints.as_mut() {
@@ -270,16 +273,16 @@ pub(crate) fn drive(
 
 /// The validation loss and accuracy of `valid`'s batches, run forward through the first
 /// pipeline (its stage threads come first in (group, stage) order).
-fn validate(
+fn validate<B: Batch>(
     config: &PipelineConfig,
-    valid: &mut DataLoader,
-    to_stages: &ToStages<'_>,
+    valid: &mut (dyn BatchSource<Batch = B> + Send),
+    to_stages: &ToStages<'_, B>,
 ) -> Result<(f32, f32), PipelineError> {
     let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
-    for batch in valid.epoch(0) {
+    for batch in valid.batches(0, 0) {
         let batch = batch?;
-        let size = batch.indices.len();
-        let micro_batches = cut(batch, config.micro_batches.min(size).max(1))?;
+        let size = batch.samples();
+        let micro_batches = cut(&batch, config.micro_batches.min(size).max(1))?;
         // The first pipeline's stages of this process.
         let first: Vec<_> = to_stages
             .threads
@@ -352,25 +355,7 @@ fn add_into(total: &mut Vec<Duration>, times: &[Duration]) {
 }
 
 /// `batch` cut into `count` micro-batches along the batch dimension (sizes differ by at most
-/// one, larger first).
-fn cut(batch: ImageBatch, count: usize) -> Result<Vec<ImageBatch>, PipelineError> {
-    let size = batch.indices.len();
-    if size < count {
-        return Err(PipelineError::Config(format!(
-            "a batch of {size} samples cannot be cut into {count} micro-batches"
-        )));
-    }
-    let mut start = 0;
-    Ok((0..count)
-        .map(|m| {
-            let len = size / count + usize::from(m < size % count);
-            let range = start..start + len;
-            start += len;
-            ImageBatch {
-                images: batch.images.clone().slice([range.clone()]),
-                labels: batch.labels.clone().slice([range.clone()]),
-                indices: batch.indices[range].to_vec(),
-            }
-        })
-        .collect())
+/// one, larger first); too few samples is a configuration error of the run.
+fn cut<B: Batch>(batch: &B, count: usize) -> Result<Vec<B>, PipelineError> {
+    cut_batch(batch, count).map_err(|err| PipelineError::Config(err.to_string()))
 }

@@ -4,8 +4,9 @@
 //! each waits only for a smaller virtual stage of the same micro-batch, so it cannot
 //! deadlock, whatever the schedule's interleaving.
 
-use burn::tensor::Tensor;
-use kiln_core::{ImageClassifier, Segmented};
+use kiln_core::Segmented;
+use kiln_data::Batch;
+use kiln_train::Objective;
 
 use crate::runtime::PipelineError;
 use crate::runtime::mailbox::{Carries, Message};
@@ -13,17 +14,18 @@ use crate::runtime::stage::{Evaluated, Input, Stage};
 use crate::runtime::worker::{Links, StepData, StepDone};
 use crate::schedule::Schedule;
 
-/// Stage `index`'s part of evaluating `data`'s micro-batches: the loss summed over samples
-/// and the correct predictions, on the stage holding the model's last segment.
-pub(crate) fn evaluate<M>(
+/// Stage `index`'s part of evaluating `data`'s micro-batches for `objective`: the loss
+/// summed over samples and the correct count, on the stage holding the model's last segment.
+pub(crate) fn evaluate<M, O>(
     index: usize,
-    stage: &Stage<M>,
+    (stage, objective): (&Stage<M>, &O),
     schedule: &Schedule,
     links: &mut Links<M::Hidden>,
-    data: &StepData,
+    data: &StepData<O::Batch>,
 ) -> Result<StepDone, PipelineError>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    O: Objective,
+    M: Segmented<Input = O::Input, Output = O::Output>,
 {
     let model = stage.model.valid();
     let (stages, last) = (schedule.stages(), schedule.virtual_stages() - 1);
@@ -37,7 +39,7 @@ where
         for chunk in 0..schedule.chunks() {
             let virtual_stage = schedule.virtual_stage(index, chunk);
             let input = if virtual_stage == 0 {
-                Input::Images(Box::new(batch.images.clone()))
+                Input::Model(Box::new(objective.input(batch)))
             } else if let Some(hidden) = kept.take() {
                 Input::Hidden(hidden)
             } else {
@@ -47,10 +49,10 @@ where
                         .take(Carries::Activation, micro, virtual_stage)?,
                 )
             };
-            let labels = (virtual_stage == last).then(|| batch.labels.clone());
-            match stage.evaluate(&model, chunk, input, labels) {
+            let targets = (virtual_stage == last).then_some(batch);
+            match stage.evaluate((&model, objective), chunk, input, targets) {
                 Evaluated::Scored { loss, correct } => {
-                    report.loss_sum += f64::from(loss) * batch.indices.len() as f64;
+                    report.loss_sum += f64::from(loss) * batch.samples() as f64;
                     report.correct += correct;
                 }
                 Evaluated::Hidden(hidden) => {

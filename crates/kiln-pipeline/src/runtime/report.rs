@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use kiln_amp::AmpStats;
-use kiln_core::{ImageClassifier, read_params};
+use kiln_core::{Segmented, read_params};
 use kiln_train::{EpochSummary, TrainPosition};
 
 use crate::runtime::PipelineError;
@@ -47,13 +47,13 @@ pub struct PipelineReport {
     pub predicted_step_time: Duration,
     /// The trained trainable parameters, by path.
     pub params: HashMap<String, Vec<f32>>,
-    /// Where a stop request ([`Pipeline::stop_flag`]) ended the run, if one did (after a
+    /// Where a stop request ([`Pipeline::stop_flag`](crate::Pipeline::stop_flag)) ended the run, if one did (after a
     /// checkpoint, when the run has them).
     pub stopped_at: Option<TrainPosition>,
     /// Every whole epoch's summary: training loss and accuracy, and validation through the
-    /// pipeline with [`Pipeline::valid_loader`].
+    /// pipeline with [`Pipeline::valid_loader`](crate::Pipeline::valid_loader).
     pub epochs: Vec<EpochSummary>,
-    /// What mixed precision did ([`PipelineConfig::precision`]): steps, skipped steps and
+    /// What mixed precision did ([`PipelineConfig::precision`](crate::PipelineConfig::precision)): steps, skipped steps and
     /// the loss scale, the same on every stage (they agree on every skip).
     pub amp: AmpStats,
 }
@@ -71,7 +71,7 @@ impl PipelineReport {
 ///
 /// `results` are this process's stage threads', `threads` their indices in (group, stage)
 /// order over all processes.
-pub(crate) fn finish<M: ImageClassifier>(
+pub(crate) fn finish<M: Segmented>(
     driven: Result<Driven, PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
     threads: &[usize],

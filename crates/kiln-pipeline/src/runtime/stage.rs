@@ -5,14 +5,14 @@ use std::collections::HashSet;
 use std::ops::Range;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Gradients, Int, Tensor};
+use burn::tensor::{Gradients, Tensor};
 use kiln_amp::{AmpStats, MixedPrecision};
 use kiln_comm::{Communicator, ReduceOp};
 use kiln_core::{
-    Activation, FlatLayout, GradWriter, ImageClassifier, ParamInfo, SegmentId, Segmented,
-    grads_from_flat, param_infos, read_params, segment_param_infos,
+    Activation, FlatLayout, GradWriter, ParamInfo, SegmentId, Segmented, grads_from_flat,
+    param_infos, read_params, segment_param_infos,
 };
-use kiln_train::{GradientSummary, MeanGradient, TrainError, classification_loss, count_correct};
+use kiln_train::{GradientSummary, MeanGradient, Objective, TrainError, objective_loss};
 
 use crate::runtime::PipelineError;
 use crate::runtime::empty::{float_bytes, keep_only};
@@ -41,9 +41,9 @@ impl<H: Clone> Forwarded<H> {
     }
 }
 
-/// What flows into a chunk.
-pub(crate) enum Input<H> {
-    Images(Box<Tensor<4>>),
+/// What flows into a chunk: the model's input (first virtual stage) or an activation.
+pub(crate) enum Input<I, H> {
+    Model(Box<I>),
     Hidden(H),
 }
 
@@ -87,37 +87,34 @@ impl<M> Stage<M> {
 }
 
 /// Where running a chunk's segments ended.
-enum Reached<H> {
+enum Reached<H, Y> {
     /// A hidden activation, for the next virtual stage.
     Hidden(H),
-    /// The model's logits: the chunk holds the output segment.
-    Logits(Box<Tensor<2>>),
+    /// The model's output: the chunk holds the output segment.
+    Output(Box<Y>),
 }
 
 /// What evaluating a chunk gives.
 pub(crate) enum Evaluated<H> {
     /// The activation for the next virtual stage.
     Hidden(H),
-    /// On the model's last segment: the mean loss and the correct predictions.
+    /// On the model's last segment: the mean loss and the objective's correct count.
     Scored { loss: f32, correct: usize },
 }
 
 /// Runs `model`'s segments `range` (middles, then perhaps the output) on `hidden`.
-fn through<M>(
+fn through<M: Segmented>(
     model: &M,
     segments: &[SegmentId],
     range: Range<usize>,
     mut hidden: M::Hidden,
-) -> Reached<M::Hidden>
-where
-    M: Segmented<Input = Tensor<4>, Output = Tensor<2>>,
-{
+) -> Reached<M::Hidden, M::Output> {
     for index in range {
         match segments[index] {
-            SegmentId::Input => unreachable!("the input segment is first and reads the images"),
+            SegmentId::Input => unreachable!("the input segment is first and reads the input"),
             SegmentId::Middle(k) => hidden = model.forward_middle(k, hidden),
             SegmentId::Output => {
-                return Reached::Logits(Box::new(model.forward_output(hidden)));
+                return Reached::Output(Box::new(model.forward_output(hidden)));
             }
         }
     }
@@ -140,10 +137,7 @@ pub(crate) fn owned_infos<M: Segmented>(model: &M, chunks: &[Range<usize>]) -> V
         .collect()
 }
 
-impl<M> Stage<M>
-where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
-{
+impl<M: Segmented> Stage<M> {
     /// The stage of `model` owning the segments of `chunks`; every other parameter is
     /// emptied.
     pub(crate) fn new(model: M, chunks: Vec<Range<usize>>) -> Self {
@@ -170,28 +164,34 @@ where
         }
     }
 
-    /// Runs chunk `chunk`'s segments on `input`; on the model's last segment, the loss
-    /// against `labels` (returns its value and correct predictions too).
+    /// Runs chunk `chunk`'s segments on `input`; on the model's last segment, the
+    /// objective's loss against `batch` (returns its value and correct count too).
     ///
     /// `working` is the step's working copy under mixed precision (`None`: the f32 master
-    /// itself); `precision` casts the images, takes the logits in f32 and scales the loss.
-    pub(crate) fn forward(
+    /// itself); `precision` casts the model input, widens the output to f32 and scales the
+    /// loss.
+    pub(crate) fn forward<O>(
         &self,
         working: Option<&M>,
-        precision: &MixedPrecision,
+        (precision, objective): (&MixedPrecision, &O),
         chunk: usize,
-        input: Input<M::Hidden>,
-        labels: Option<Tensor<1, Int>>,
-    ) -> (Forwarded<M::Hidden>, Option<(f32, usize)>) {
+        input: Input<M::Input, M::Hidden>,
+        batch: Option<&O::Batch>,
+    ) -> (Forwarded<M::Hidden>, Option<(f32, usize)>)
+    where
+        O: Objective,
+        M: Segmented<Input = O::Input, Output = O::Output>,
+    {
         let model = working.unwrap_or(&self.model);
         let range = self.chunks[chunk].clone();
-        // The first chunk starts with the input segment, which reads the images; the others
-        // cut their input off the graph it came from, keeping the cut to return its gradient.
+        // The first chunk starts with the input segment, which reads the model input; the
+        // others cut their input off the graph it came from, keeping the cut to return its
+        // gradient.
         let (hidden, leaf, rest) = match input {
-            Input::Images(images) => {
+            Input::Model(input) => {
                 debug_assert_eq!(self.segments[range.start], SegmentId::Input);
                 (
-                    model.forward_input(precision.input(*images)),
+                    model.forward_input(precision.input(*input)),
                     None,
                     range.start + 1..range.end,
                 )
@@ -209,12 +209,12 @@ where
                 },
                 None,
             ),
-            Reached::Logits(logits) => {
-                let labels = labels.expect("the last stage has the labels");
-                let logits = precision.logits(*logits);
-                let loss = classification_loss(logits.clone(), labels.clone());
+            Reached::Output(output) => {
+                let batch = batch.expect("the last stage has the targets");
+                let output = precision.logits(*output);
+                let loss = objective_loss(objective, &output, batch);
                 let value = loss.clone().into_scalar::<f32>();
-                let correct = count_correct(logits.detach(), labels);
+                let correct = objective.correct(&output, batch);
                 let forwarded = Forwarded {
                     input: leaf,
                     output: Output::Loss(Box::new(precision.scaled_loss(loss))),
@@ -225,27 +225,32 @@ where
     }
 
     /// Chunk `chunk`'s forward on `model` (the stage's inference copy, no graph): its output,
-    /// or on the model's last segment the loss and correct predictions against `labels`.
-    pub(crate) fn evaluate(
+    /// or on the model's last segment the objective's loss and correct count against
+    /// `batch`.
+    pub(crate) fn evaluate<O>(
         &self,
-        model: &M,
+        (model, objective): (&M, &O),
         chunk: usize,
-        input: Input<M::Hidden>,
-        labels: Option<Tensor<1, Int>>,
-    ) -> Evaluated<M::Hidden> {
+        input: Input<M::Input, M::Hidden>,
+        batch: Option<&O::Batch>,
+    ) -> Evaluated<M::Hidden>
+    where
+        O: Objective,
+        M: Segmented<Input = O::Input, Output = O::Output>,
+    {
         let range = self.chunks[chunk].clone();
         let (hidden, rest) = match input {
-            Input::Images(images) => (model.forward_input(*images), range.start + 1..range.end),
+            Input::Model(input) => (model.forward_input(*input), range.start + 1..range.end),
             Input::Hidden(hidden) => (hidden, range),
         };
         match through(model, &self.segments, rest, hidden) {
             Reached::Hidden(hidden) => Evaluated::Hidden(hidden),
-            Reached::Logits(logits) => {
-                let labels = labels.expect("the last stage has the labels");
-                let loss = classification_loss((*logits).clone(), labels.clone());
+            Reached::Output(output) => {
+                let batch = batch.expect("the last stage has the targets");
+                let loss = objective_loss(objective, &output, batch);
                 Evaluated::Scored {
                     loss: loss.into_scalar::<f32>(),
-                    correct: count_correct(*logits, labels),
+                    correct: objective.correct(&output, batch),
                 }
             }
         }

@@ -5,11 +5,11 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{RunIdentity, resume_owning};
-use kiln_core::{ImageClassifier, Segmented, panic_message};
-use kiln_train::MeanGradient;
+use kiln_core::{Segmented, panic_message};
+use kiln_train::{MeanGradient, Objective};
 
 use crate::runtime::mailbox::Abort;
 use crate::runtime::stage::{Stage, owned_infos};
@@ -17,25 +17,27 @@ use crate::runtime::worker::{Links, StepData, StepDone, Update, run_stage};
 use crate::runtime::{PipelineConfig, PipelineError};
 use crate::schedule::Schedule;
 
-/// What a stage thread needs to build and run its stage.
-pub(crate) struct StageStart<'a, B, O, H> {
+/// What a stage thread needs to build and run its stage (for objective `J`).
+pub(crate) struct StageStart<'a, B, O, H, J: Objective> {
     pub(crate) index: usize,
     pub(crate) device: Device,
     pub(crate) threads: usize,
     pub(crate) build: &'a B,
     pub(crate) optimizer: &'a O,
+    pub(crate) objective: &'a J,
     pub(crate) config: &'a PipelineConfig,
     pub(crate) plan: &'a Schedule,
     pub(crate) links: Links<H>,
     pub(crate) resume: Option<&'a (PathBuf, RunIdentity)>,
-    pub(crate) steps: Receiver<StepData>,
+    pub(crate) steps: Receiver<StepData<J::Batch>>,
     pub(crate) done: Sender<StepDone>,
     pub(crate) abort: Abort,
 }
 
-impl<B, O, M> StageStart<'_, B, O, M::Hidden>
+impl<B, O, M, J> StageStart<'_, B, O, M::Hidden, J>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
+    J: Objective,
+    M: Segmented<Input = J::Input, Output = J::Output> + 'static,
     B: Fn(&Device) -> M + Sync,
     O: Fn() -> ModuleOptimizer + Sync,
 {
@@ -113,7 +115,13 @@ where
                 .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
             let update = Update { optimizer, rule };
             run_stage(
-                index, stage, self.plan, update, self.links, self.steps, self.done,
+                index,
+                stage,
+                (self.plan, self.objective),
+                update,
+                self.links,
+                self.steps,
+                self.done,
             )
         })
     }

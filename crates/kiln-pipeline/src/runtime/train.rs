@@ -5,13 +5,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use burn::optim::ModuleOptimizer;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity};
 use kiln_comm::{Communicator, InProcessGroup};
-use kiln_core::{ImageClassifier, Segmented, panic_message};
-use kiln_data::DataLoader;
-use kiln_train::{LrSchedule, StopFlag, TrainObserver, TrainPosition};
+use kiln_core::{Segmented, panic_message};
+use kiln_data::BatchSource;
+use kiln_train::{Classification, LrSchedule, Objective, StopFlag, TrainObserver, TrainPosition};
 
 use crate::runtime::checkpoint::Writes;
 use crate::runtime::driver::{Around, ToStages, drive};
@@ -49,24 +49,44 @@ use crate::schedule::Schedule;
 /// assert!(report.stages.iter().all(|s| s.peak_in_flight <= 2), "1F1B holds at most P");
 /// # Ok::<(), kiln_pipeline::PipelineError>(())
 /// ```
-pub struct Pipeline {
+///
+/// The last stage's loss is the [`Objective`]'s: [`Classification`] for
+/// [`Pipeline::new`], any other (a user's [`Segmented`] model with its own input, output,
+/// batches and loss) with [`Pipeline::with_objective`]. The driver cuts the objective's
+/// batches into micro-batches by samples ([`kiln_data::Batch::slice`]); the first virtual
+/// stage feeds [`Objective::input`] to the model, the last scores its output.
+pub struct Pipeline<O: Objective = Classification> {
     devices: Vec<Device>,
+    objective: O,
     config: PipelineConfig,
     checkpointer: Option<Checkpointer>,
     resume: Option<(PathBuf, RunIdentity)>,
     stop: Option<StopFlag>,
     observer: Mutex<Option<Box<dyn TrainObserver>>>,
-    valid: Mutex<Option<DataLoader>>,
+    valid: Mutex<Option<ValidSource<O>>>,
     log_epochs: bool,
     /// With stages in other processes: the MPI world, one stage per process.
     processes: Option<Communicator>,
 }
 
-impl Pipeline {
-    /// One stage per entry of `devices` (CPU entries may repeat: stages are threads).
+/// Where validation batches come from.
+type ValidSource<O> = Box<dyn BatchSource<Batch = <O as Objective>::Batch> + Send>;
+
+impl Pipeline<Classification> {
+    /// One stage per entry of `devices` (CPU entries may repeat: stages are threads), for
+    /// an image classifier ([`Classification`]).
     pub fn new(devices: Vec<Device>) -> Self {
+        Self::with_objective(devices, Classification)
+    }
+}
+
+impl<O: Objective> Pipeline<O> {
+    /// One stage per entry of `devices`, training for `objective` (its loss on the last
+    /// stage, the batches the driver cuts).
+    pub fn with_objective(devices: Vec<Device>, objective: O) -> Self {
         Self {
             devices,
+            objective,
             config: PipelineConfig::default(),
             checkpointer: None,
             resume: None,
@@ -109,12 +129,13 @@ impl Pipeline {
         self
     }
 
-    /// Validates on `loader`'s batches after every epoch, forward through the first pipeline
-    /// (each cut into micro-batches, the stages' batch-norm running statistics used): the
-    /// epoch summaries' validation loss and accuracy. Build its batches on an inference
-    /// device (without autodiff).
-    pub fn valid_loader(self, loader: DataLoader) -> Self {
-        *self.valid.lock().unwrap_or_else(|p| p.into_inner()) = Some(loader);
+    /// Validates on `loader`'s batches (a loader, or any [`BatchSource`] of the objective's
+    /// batches) after every epoch, forward through the first pipeline (each cut into
+    /// micro-batches, the stages' batch-norm running statistics used): the epoch summaries'
+    /// validation loss and accuracy. Build its batches on an inference device (without
+    /// autodiff).
+    pub fn valid_loader(self, loader: impl BatchSource<Batch = O::Batch> + Send + 'static) -> Self {
+        *self.valid.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(loader));
         self
     }
 
@@ -146,25 +167,28 @@ impl Pipeline {
 
     /// Trains the model `build` makes (called once per stage, on its device: build it
     /// under `kiln_core::init_module` so every call gives the same model) up to step
-    /// `steps` on `loader`'s batches, each cut into micro-batches, with one `optimizer`
-    /// (made by the factory) per stage. An epoch is the loader's batches ÷ the
+    /// `steps` on `loader`'s batches (a [`DataLoader`](kiln_data::DataLoader), or any
+    /// [`BatchSource`] of the objective's batches), each cut into micro-batches, with one
+    /// `optimizer` (made by the factory) per stage. An epoch is the loader's batches ÷ the
     /// data-parallel pipelines (whole steps).
     ///
     /// # Errors
-    /// A bad configuration, a schedule that cannot be built, a loader error, or a stage
-    /// that fails (the root cause, reported once every stage stopped).
-    pub fn train<M, B, O>(
+    /// A bad configuration, a schedule that cannot be built, a loader error, a batch with
+    /// fewer samples than micro-batches, or a stage that fails (the root cause, reported
+    /// once every stage stopped).
+    pub fn train<M, B, F, S>(
         &self,
         build: B,
-        optimizer: O,
+        optimizer: F,
         schedule: &LrSchedule,
-        loader: &mut DataLoader,
+        loader: &mut S,
         steps: usize,
     ) -> Result<PipelineReport, PipelineError>
     where
-        M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
+        M: Segmented<Input = O::Input, Output = O::Output> + 'static,
         B: Fn(&Device) -> M + Sync,
-        O: Fn() -> ModuleOptimizer + Sync,
+        F: Fn() -> ModuleOptimizer + Sync,
+        S: BatchSource<Batch = O::Batch> + ?Sized,
     {
         self.config.validate()?;
         let start = self.resume_position()?;
@@ -228,8 +252,11 @@ impl Pipeline {
             Members::StagesOfAPipeline,
             agreeing,
         );
-        let (step_senders, step_receivers): (Vec<Sender<StepData>>, Vec<Receiver<StepData>>) =
-            local.iter().map(|_| bounded(1)).unzip();
+        type Channel<B> = (Sender<StepData<B>>, Receiver<StepData<B>>);
+        let (step_senders, step_receivers): (Vec<_>, Vec<_>) = local
+            .iter()
+            .map(|_| -> Channel<O::Batch> { bounded(1) })
+            .unzip();
         let mut step_receivers = step_receivers.into_iter();
         let (done_sender, done_receiver) = unbounded();
         let (part_sender, part_receiver) = unbounded();
@@ -268,6 +295,7 @@ impl Pipeline {
                         threads,
                         build: &build,
                         optimizer: &optimizer,
+                        objective: &self.objective,
                         config: &self.config,
                         plan: &plan,
                         links: Links {
@@ -309,7 +337,9 @@ impl Pipeline {
                 checkpoints: self.checkpointer.as_ref().map(|c| (c, &mut writes)),
                 stop: self.stop.as_ref(),
                 observer: observer.as_deref_mut().map(|o| o as &mut dyn TrainObserver),
-                valid: valid.as_mut(),
+                valid: valid
+                    .as_mut()
+                    .map(|v| v.as_mut() as &mut (dyn BatchSource<Batch = O::Batch> + Send)),
                 log_epochs: self.log_epochs,
             };
             let driven = drive(&self.config, schedule, loader, around, &to_stages);
@@ -338,7 +368,7 @@ impl Pipeline {
     }
 }
 
-impl Pipeline {
+impl<O: Objective> Pipeline<O> {
     /// Refuses what does not run across processes yet.
     fn refuse_across_processes(
         &self,

@@ -4,12 +4,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use burn::optim::ModuleOptimizer;
-use burn::tensor::Tensor;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_comm::Communicator;
-use kiln_core::{ImageClassifier, Segmented};
-use kiln_data::ImageBatch;
-use kiln_train::MeanGradient;
+use kiln_core::Segmented;
+use kiln_data::{Batch, ImageBatch};
+use kiln_train::{MeanGradient, Objective};
 
 use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{PartSender, hand_over};
@@ -18,13 +17,13 @@ use crate::runtime::mailbox::{Carries, Mailbox, Message};
 use crate::runtime::stage::{Forwarded, Input, Stage};
 use crate::schedule::{Action, Schedule};
 
-/// What the driver hands every stage for one step.
-pub(crate) struct StepData {
+/// What the driver hands every stage for one step (micro-batches of `B`).
+pub(crate) struct StepData<B = ImageBatch> {
     /// The learning rate of this step.
     pub lr: f64,
     /// The step's micro-batches of this stage's data-parallel group (every stage uses their
-    /// sizes; the first stage their images, the last their labels).
-    pub micro_batches: Vec<ImageBatch>,
+    /// sizes; the first stage the model input, the last the targets).
+    pub micro_batches: Vec<B>,
     /// Samples of the whole step, over every data-parallel group: the gradient's divisor.
     pub samples: usize,
     /// The step (0-based).
@@ -76,29 +75,31 @@ pub(crate) struct Links<H> {
 }
 
 /// Runs `stage`'s part of `schedule` for every step the driver sends, until it stops
-/// sending; returns the trained stage.
-pub(crate) fn run_stage<M>(
+/// sending; returns the trained stage. `objective` feeds the first virtual stage and scores
+/// the last.
+pub(crate) fn run_stage<M, O>(
     index: usize,
     mut stage: Stage<M>,
-    schedule: &Schedule,
+    (schedule, objective): (&Schedule, &O),
     mut update: Update,
     mut links: Links<M::Hidden>,
-    steps: Receiver<StepData>,
+    steps: Receiver<StepData<O::Batch>>,
     done: Sender<StepDone>,
 ) -> Result<Stage<M>, PipelineError>
 where
-    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>> + 'static,
+    O: Objective,
+    M: Segmented<Input = O::Input, Output = O::Output> + 'static,
 {
     let last_virtual = schedule.virtual_stages() - 1;
     while let Ok(data) = steps.recv() {
         if data.evaluate {
-            let report = evaluate(index, &stage, schedule, &mut links, &data)?;
+            let report = evaluate(index, (&stage, objective), schedule, &mut links, &data)?;
             if done.send(report).is_err() {
                 break; // the driver stopped
             }
             continue;
         }
-        let sizes: Vec<usize> = data.micro_batches.iter().map(|b| b.indices.len()).collect();
+        let sizes: Vec<usize> = data.micro_batches.iter().map(Batch::samples).collect();
         let mut report = StepDone {
             thread: links.thread,
             forward: vec![Duration::ZERO; schedule.chunks()],
@@ -119,7 +120,7 @@ where
                 Action::Forward { micro, chunk } => {
                     let virtual_stage = schedule.virtual_stage(index, chunk);
                     let input = if virtual_stage == 0 {
-                        Input::Images(Box::new(data.micro_batches[micro].images.clone()))
+                        Input::Model(Box::new(objective.input(&data.micro_batches[micro])))
                     } else if let Some(hidden) = outputs.remove(&(micro, virtual_stage - 1)) {
                         Input::Hidden(hidden) // the previous chunk is on this stage
                     } else {
@@ -129,11 +130,16 @@ where
                             virtual_stage,
                         )?)
                     };
-                    let labels = (virtual_stage == last_virtual)
-                        .then(|| data.micro_batches[micro].labels.clone());
+                    let targets =
+                        (virtual_stage == last_virtual).then(|| &data.micro_batches[micro]);
                     let start = Instant::now();
-                    let (state, loss) =
-                        stage.forward(working.as_ref(), &precision, chunk, input, labels);
+                    let (state, loss) = stage.forward(
+                        working.as_ref(),
+                        (&precision, objective),
+                        chunk,
+                        input,
+                        targets,
+                    );
                     let elapsed = stage.emulate(start.elapsed());
                     report.forward[chunk] += elapsed;
                     if let Some((loss, correct)) = loss {
