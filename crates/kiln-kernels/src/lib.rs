@@ -5,9 +5,14 @@
 //! operations that dominate a convolutional network's training step on the CPU:
 //!
 //! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution as im2col + one GEMM per block of
-//!   images; its input gradient is a convolution of the output gradient with the flipped
-//!   kernel (unit strides) or a GEMM and a col2im, its weight gradient one more GEMM per block,
-//!   instead of Flex's tiled forward, transposed convolution and dilated convolution.
+//!   images, or, for 3×3 unit-stride kernels with at least 32 channels each side and an
+//!   output of at least 8×8, Winograd's F(2×2, 3×3) (16 GEMMs per block over transformed
+//!   tiles: 2.25× fewer multiply-adds); its input gradient is a convolution of the output
+//!   gradient with the flipped kernel (unit strides, so it takes the same two paths) or a GEMM
+//!   and a col2im, its weight gradient one more GEMM per block (16 under Winograd),
+//!   instead of Flex's tiled forward, transposed convolution and dilated convolution. The
+//!   path is chosen from the shape alone (thresholds measured once, in the source), never by
+//!   timing at run time, so a run's arithmetic is reproducible.
 //!   Equal to Burn's convolution within float rounding, forward and backward. f16/bf16 inputs
 //!   compute in f32; other backends, f64 and grouped convolutions run Burn's own.
 //! - [`batch_norm_train`] — training-mode batch norm straight on the NCHW layout: statistics
