@@ -404,7 +404,7 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
                 || args.save_plan.is_some())
         {
             return Err(
-                "--comm mpi runs data parallel with --batch-size per replica, without the planner (pipelines across processes are not built yet): leave out --plan, --global-batch, --device-memory, --profile-cache and --save-plan"
+                "--comm mpi runs data parallel with --batch-size per replica, without the planner (a pipeline across processes is given by hand: --pipeline N, one stage per process): leave out --plan, --global-batch, --device-memory, --profile-cache and --save-plan"
                     .into(),
             );
         }

@@ -93,6 +93,19 @@ fn options_that_would_be_ignored_are_refused_with_the_reason() {
         &["--amp", "f16", "--local-sgd", "2", "--bucket-kb", "64"],
         // A pipeline's stages in separate MPI processes.
         &["--pipeline", "2", "--comm", "mpi", "--devices", "cpu"],
+        // ... in mixed precision and clipped too (the stages agree over the MPI world).
+        &[
+            "--pipeline",
+            "2",
+            "--comm",
+            "mpi",
+            "--devices",
+            "cpu",
+            "--amp",
+            "f16",
+            "--clip-grad-norm",
+            "1",
+        ],
         // Pipelines train in mixed precision too, by hand or planned.
         &["--pipeline", "2", "--amp", "f16", "--clip-grad-norm", "1"],
         &["--plan", "pp=2", "--amp", "bf16", "--micro-batches", "8"],

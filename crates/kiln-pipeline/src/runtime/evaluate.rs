@@ -20,7 +20,7 @@ pub(crate) fn evaluate<M, O>(
     index: usize,
     (stage, objective): (&Stage<M>, &O),
     schedule: &Schedule,
-    links: &mut Links<M::Hidden>,
+    links: &mut Links<'_, M::Hidden>,
     data: &StepData<O::Batch>,
 ) -> Result<StepDone, PipelineError>
 where

@@ -27,7 +27,7 @@ pub(crate) struct StageStart<'a, B, O, H, J: Objective> {
     pub(crate) objective: &'a J,
     pub(crate) config: &'a PipelineConfig,
     pub(crate) plan: &'a Schedule,
-    pub(crate) links: Links<H>,
+    pub(crate) links: Links<'a, H>,
     pub(crate) resume: Option<&'a (PathBuf, RunIdentity)>,
     pub(crate) steps: Receiver<StepData<J::Batch>>,
     pub(crate) done: Sender<StepDone>,

@@ -144,8 +144,10 @@ impl<O: Objective> Pipeline<O> {
     /// `r` on `devices[r]` (every process passes the same list and the same loader, and
     /// drives its own stage). Activations and gradients travel as MPI messages whose length
     /// the receiver learns; each step's loss is summed over the processes; rank 0's report
-    /// holds every stage's trained parameters. A failing stage ends the MPI job. Not yet
-    /// across processes: data-parallel pipelines, clipping, mixed precision, checkpoints.
+    /// holds every stage's trained parameters. A failing stage ends the MPI job. Clipping
+    /// and mixed precision (bf16, f16 with its loss scaler) work as in one process: the
+    /// stages agree on the whole gradient's norm and overflow over `world`. Not yet across
+    /// processes: data-parallel pipelines, checkpoints.
     #[cfg(feature = "mpi")]
     pub fn across_processes(mut self, world: Communicator) -> Self {
         self.processes = Some(world);
@@ -243,6 +245,8 @@ impl<O: Objective> Pipeline<O> {
         let timeout = self.config.timeout;
         let replicas = communicators(groups, stages, timeout, Members::CopiesOfAStage, groups > 1);
         // Clipping and mixed precision check the whole model's gradient: its stages agree.
+        // Across processes they agree over the MPI world (one stage per process), so no
+        // in-process group is built.
         let agreeing =
             (self.config.max_grad_norm.is_some() || !self.config.precision.is_f32()) && stages > 1;
         let pipelines = communicators(
@@ -250,8 +254,13 @@ impl<O: Objective> Pipeline<O> {
             stages,
             timeout,
             Members::StagesOfAPipeline,
-            agreeing,
+            agreeing && self.processes.is_none(),
         );
+        // The world is safe to share with the driver's loss sum: the MPI backend runs one
+        // rank's operations in the order they are submitted, and the local stage's agreement
+        // (inside its step) always comes before the driver's sum of that step (after the
+        // stage's report), on every process alike.
+        let across_agreement = self.processes.as_ref().filter(|_| agreeing);
         type Channel<B> = (Sender<StepData<B>>, Receiver<StepData<B>>);
         let (step_senders, step_receivers): (Vec<_>, Vec<_>) = local
             .iter()
@@ -283,7 +292,11 @@ impl<O: Objective> Pipeline<O> {
             let handles: Vec<_> = inboxes
                 .into_iter()
                 .zip(replicas)
-                .zip(pipelines)
+                .zip(
+                    pipelines
+                        .iter()
+                        .map(|own| own.as_ref().or(across_agreement)),
+                )
                 .enumerate()
                 .filter(|(thread, _)| local.contains(thread))
                 .map(|(thread, ((inbox, replicas), pipeline))| {
@@ -380,15 +393,11 @@ impl<O: Objective> Pipeline<O> {
         crate::runtime::processes::check(world, stages, groups)?;
         #[cfg(not(feature = "mpi"))]
         let _ = (world, stages, groups);
-        let config = &self.config;
-        let unsupported = [
-            (config.max_grad_norm.is_some(), "clipping"),
-            (!config.precision.is_f32(), "mixed precision"),
-            (
-                self.checkpointer.is_some() || self.resume.is_some(),
-                "checkpoints",
-            ),
-        ];
+        // Clipping and mixed precision work: the stages agree over the world.
+        let unsupported = [(
+            self.checkpointer.is_some() || self.resume.is_some(),
+            "checkpoints",
+        )];
         let named: Vec<&str> = unsupported
             .iter()
             .filter(|(on, _)| *on)

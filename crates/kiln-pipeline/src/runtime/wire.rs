@@ -214,4 +214,61 @@ mod tests {
         ]);
         assert_eq!(decode_params(&encode_params(&params)).unwrap(), params);
     }
+
+    /// The 16-bit patterns of `tensor`'s values (a half tensor).
+    fn half_bits(tensor: Tensor<4>) -> Vec<u16> {
+        tensor
+            .into_data()
+            .as_bytes()
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    }
+
+    /// Under mixed precision the activations and gradients between stages are half
+    /// tensors of the training (autodiff) device, some in a graph; overflowed gradients
+    /// (inf, NaN) must reach the other stage as they are, so that the stages agree on
+    /// skipping the step. Every 16-bit pattern class round-trips exactly, as the same dtype.
+    #[test]
+    fn half_activations_travel_bit_for_bit_as_half() {
+        let device = Device::flex().autodiff();
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -2.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1.0e-7,   // f16 subnormal
+            6.0e4,    // near f16's largest
+            1.0e30,   // inf in f16, finite in bf16
+            -3.0e-39, // bf16 subnormal
+            0.1,
+        ];
+        for dtype in [DType::F16, DType::BF16] {
+            let value = Tensor::<1>::from_floats(specials, &device)
+                .reshape([1, 2, 3, 2])
+                .cast(dtype)
+                .require_grad();
+            // In a graph, as a stage's output is when it is sent.
+            let value = value * 1.0;
+            for carries in [Carries::Activation, Carries::Gradient] {
+                let message = Message {
+                    carries,
+                    micro: 1,
+                    to: 2,
+                    value: value.clone(),
+                };
+                let back: Message<Tensor<4>> = decode(&encode(&message).unwrap(), &device).unwrap();
+                assert_eq!(back.value.dtype(), dtype, "{dtype:?} stays {dtype:?}");
+                assert_eq!(back.value.shape().dims::<4>(), [1, 2, 3, 2]);
+                assert_eq!(
+                    half_bits(back.value),
+                    half_bits(value.clone()),
+                    "{dtype:?} {carries:?}"
+                );
+            }
+        }
+    }
 }

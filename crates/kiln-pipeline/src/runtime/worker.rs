@@ -62,12 +62,15 @@ pub(crate) struct Update {
 
 /// A stage's links: its mailbox, a sender to every stage of its pipeline, and (with several
 /// data-parallel groups) its rank in the group of the copies of this stage.
-pub(crate) struct Links<H> {
+pub(crate) struct Links<'a, H> {
     pub mailbox: Mailbox<H>,
     pub peers: Vec<Sender<Message<H>>>,
     pub replicas: Option<Communicator>,
-    /// The stages of its own pipeline, when they must agree on the gradient's norm.
-    pub pipeline: Option<Communicator>,
+    /// The stages of its own pipeline, when they must agree on the gradient's norm and the
+    /// loss scaler's overflow flag: an in-process group, or across processes the MPI world
+    /// (one stage per process). Borrowed, because the world is the run's, shared with the
+    /// driver.
+    pub pipeline: Option<&'a Communicator>,
     /// The stage thread, in (data-parallel group, stage) order.
     pub thread: usize,
     /// Where the stage's checkpoint parts go (the first pipeline's stages, with checkpoints).
@@ -82,7 +85,7 @@ pub(crate) fn run_stage<M, O>(
     mut stage: Stage<M>,
     (schedule, objective): (&Schedule, &O),
     mut update: Update,
-    mut links: Links<M::Hidden>,
+    mut links: Links<'_, M::Hidden>,
     steps: Receiver<StepData<O::Batch>>,
     done: Sender<StepDone>,
 ) -> Result<Stage<M>, PipelineError>
@@ -216,7 +219,7 @@ where
                     stage = stage.step(
                         index,
                         &mut update.rule,
-                        links.pipeline.as_ref(),
+                        links.pipeline,
                         &mut update.optimizer,
                         data.lr,
                         data.samples,
