@@ -1,12 +1,14 @@
 //! The convolution on Flex tensors: im2col and one GEMM per block of images, written
-//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im.
+//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im. Shapes
+//! that `winograd::applies` to take Winograd's algorithm instead (forward and weight
+//! gradient here, so the flipped-kernel input gradient follows).
 //!
 //! Blocks hold enough images for a GEMM of at least [`BLOCK_POSITIONS`] output positions
 //! (one image of a large feature map, several of a small one) and run in parallel in the
 //! caller's rayon pool, each with a column buffer of its rayon split (reused block after
-//! block), so memory stays at a few blocks' columns. Blocks follow the shapes only, never the thread count, and so does every
-//! summation order (the weight gradient adds [`WEIGHT_GRADIENT_GROUPS`] partial sums in a
-//! fixed order): results do not depend on threads.
+//! block), so memory stays at a few blocks' columns. Blocks follow the shapes only, never
+//! the thread count, and so does every summation order (the weight gradient adds its blocks' partial sums in a fixed order,
+//! `block_sum`): results do not depend on threads.
 
 use std::ops::Range;
 
@@ -16,6 +18,7 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{DType, FloatDType, Shape, TensorData};
 use rayon::prelude::*;
 
+use crate::block_sum::sum_over_blocks;
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
@@ -23,9 +26,6 @@ use crate::winograd;
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
 const BLOCK_POSITIONS: usize = 256;
-
-/// Partial weight gradients computed in parallel and then added in order.
-const WEIGHT_GRADIENT_GROUPS: usize = 8;
 
 type FlexTensor = FloatTensor<Flex>;
 
@@ -341,38 +341,25 @@ pub(crate) fn im2col_weight_gradient(
     out_channels: usize,
 ) -> Vec<f32> {
     let size = block_size(dims);
-    let blocks = batch.div_ceil(size);
-    let groups = blocks.clamp(1, WEIGHT_GRADIENT_GROUPS);
-    let per_group = blocks.div_ceil(groups);
     let len = out_channels * dims.rows();
-    let partials: Vec<Vec<f32>> = (0..blocks.div_ceil(per_group))
-        .into_par_iter()
-        .map(|group| {
-            let mut partial = vec![0.0f32; len];
-            let (mut columns, mut gathered_grad) = (Vec::new(), Vec::new());
-            for (n, index) in (group * per_group..((group + 1) * per_group).min(blocks)).enumerate()
-            {
-                let images = block(index, size, batch);
-                let width = images.len() * dims.positions();
-                columns.resize(dims.rows() * width, 0.0);
-                im2col(x, dims, images.clone(), &mut columns);
-                let (upstream, matrix) =
-                    gathered(grad, dims, out_channels, images, &mut gathered_grad);
-                matmul(
-                    &mut partial,
-                    n > 0,
-                    (&columns, Matrix::row_major(dims.rows(), width)),
-                    (upstream, matrix.transposed()),
-                );
-            }
-            partial
-        })
-        .collect();
-    let mut partials = partials.into_iter();
-    let mut total = partials.next().unwrap_or_else(|| vec![0.0; len]);
-    for partial in partials {
-        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
-    }
+    let total = sum_over_blocks(
+        batch.div_ceil(size),
+        len,
+        || (Vec::new(), Vec::new()),
+        |partial, accumulate, index, (columns, gathered_grad)| {
+            let images = block(index, size, batch);
+            let width = images.len() * dims.positions();
+            columns.resize(dims.rows() * width, 0.0);
+            im2col(x, dims, images.clone(), columns);
+            let (upstream, matrix) = gathered(grad, dims, out_channels, images, gathered_grad);
+            matmul(
+                partial,
+                accumulate,
+                (columns, Matrix::row_major(dims.rows(), width)),
+                (upstream, matrix.transposed()),
+            );
+        },
+    );
     // [K, Cout] -> [Cout, K]
     let rows = dims.rows();
     let mut weight_grad = vec![0.0f32; len];

@@ -26,6 +26,7 @@
 mod batch_norm;
 #[cfg(test)]
 mod batch_norm_tests;
+mod block_sum;
 mod conv2d;
 mod conv_extension;
 #[cfg(test)]

@@ -18,6 +18,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::block_sum::sum_over_blocks;
 use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
 use crate::winograd_tiles::{
@@ -32,9 +33,6 @@ const BLOCK_TILES: usize = 256;
 /// more than the forward's, since each GEMM's whole `[Cin, Cout]` result is read and written
 /// per block (512 measured up to 1.5× faster than 256 at 256 channels, 8×8).
 const WEIGHT_BLOCK_TILES: usize = 512;
-
-/// Partial weight gradients computed in parallel and then added in order.
-const WEIGHT_GRADIENT_GROUPS: usize = 8;
 
 /// Fewest input and output channels for which the transforms pay. Measured on ResNet-18's
 /// shapes (one thread, AMD EPYC Zen 4, batch 32, against im2col): forward 1.4–1.6× and
@@ -172,9 +170,9 @@ pub(crate) fn forward(
 }
 
 /// The weight gradient `[Cout, Cin·9]` of [`forward`] given the output gradient `grad`:
-/// groups of blocks in parallel, each adding its blocks' 16 GEMMs `V[ξ] × dM[ξ]ᵀ` (`[Cin,
+/// blocks summed in a fixed order ([`sum_over_blocks`]), each adding its 16 GEMMs `V[ξ] × dM[ξ]ᵀ` (`[Cin,
 /// Cout]`, the orientation in which gemm repacks the output gradient's tiles, as the im2col
-/// path's weight gradient does), the groups' sums added in order, then `Gᵀ dU G` per kernel.
+/// path's weight gradient does), then `Gᵀ dU G` per kernel.
 pub(crate) fn weight_gradient(
     x: &[f32],
     grad: &[f32],
@@ -184,46 +182,34 @@ pub(crate) fn weight_gradient(
 ) -> Vec<f32> {
     let tiling = Tiling::new(dims);
     let size = block_images(tiling, WEIGHT_BLOCK_TILES);
-    let blocks = batch.div_ceil(size);
-    let groups = blocks.clamp(1, WEIGHT_GRADIENT_GROUPS);
-    let per_group = blocks.div_ceil(groups);
     let pairs = dims.channels * out_channels;
-    let partials: Vec<Vec<f32>> = (0..blocks.div_ceil(per_group))
-        .into_par_iter()
-        .map(|group| {
-            let mut partial = vec![0.0f32; POINTS * pairs];
-            let (mut v, mut dm) = (Vec::new(), Vec::new());
-            for (n, index) in (group * per_group..((group + 1) * per_group).min(blocks)).enumerate()
-            {
-                let images = block(index, size, batch);
-                let tiles = images.len() * tiling.per_image();
-                v.resize(dims.channels * channel_stride(tiles), 0.0);
-                transform_input(x, dims, tiling, images.clone(), &mut v);
-                dm.resize(out_channels * channel_stride(tiles), 0.0);
-                transform_output_grad(grad, dims, tiling, out_channels, images, &mut dm);
-                let strided = |rows| Matrix {
-                    rows,
-                    cols: tiles,
-                    row_stride: channel_stride(tiles),
-                    col_stride: 1,
-                };
-                for point in 0..POINTS {
-                    matmul(
-                        &mut partial[point * pairs..][..pairs],
-                        n > 0,
-                        (&v[point * tiles..], strided(dims.channels)),
-                        (&dm[point * tiles..], strided(out_channels).transposed()),
-                    );
-                }
+    let total = sum_over_blocks(
+        batch.div_ceil(size),
+        POINTS * pairs,
+        || (Vec::new(), Vec::new()),
+        |partial, accumulate, index, (v, dm)| {
+            let images = block(index, size, batch);
+            let tiles = images.len() * tiling.per_image();
+            v.resize(dims.channels * channel_stride(tiles), 0.0);
+            transform_input(x, dims, tiling, images.clone(), v);
+            dm.resize(out_channels * channel_stride(tiles), 0.0);
+            transform_output_grad(grad, dims, tiling, out_channels, images, dm);
+            let strided = |rows| Matrix {
+                rows,
+                cols: tiles,
+                row_stride: channel_stride(tiles),
+                col_stride: 1,
+            };
+            for point in 0..POINTS {
+                matmul(
+                    &mut partial[point * pairs..][..pairs],
+                    accumulate,
+                    (&v[point * tiles..], strided(dims.channels)),
+                    (&dm[point * tiles..], strided(out_channels).transposed()),
+                );
             }
-            partial
-        })
-        .collect();
-    let mut partials = partials.into_iter();
-    let mut total = partials.next().unwrap_or_else(|| vec![0.0; POINTS * pairs]);
-    for partial in partials {
-        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
-    }
+        },
+    );
     // [16, Cin, Cout] -> [Cout, Cin, 3, 3]
     let mut weight_grad = vec![0.0f32; pairs * 9];
     for (pair, kernel) in weight_grad.chunks_exact_mut(9).enumerate() {

@@ -1,0 +1,88 @@
+//! Sums over a batch's blocks of images in an order fixed by the shapes: the weight
+//! gradients' reduction, shared by the im2col and Winograd paths.
+
+use rayon::prelude::*;
+
+/// Partial sums computed in parallel and then added in order.
+const GROUPS: usize = 8;
+
+/// `Σ` over `blocks` blocks of what `add_block` adds, as a vector of `len`.
+///
+/// The blocks are cut into at most [`GROUPS`] consecutive groups, summed in parallel (each
+/// with its own `scratch()` buffers, reused block after block), and the groups' partial sums
+/// are then added in group order: the grouping follows `blocks` only, never the thread
+/// count, so neither does the result. `add_block(partial, accumulate, index, scratch)`
+/// writes block `index`'s contribution into `partial`, overwriting it when `accumulate` is
+/// false (the group's first block) and adding to it otherwise.
+pub(crate) fn sum_over_blocks<S>(
+    blocks: usize,
+    len: usize,
+    scratch: impl Fn() -> S + Sync,
+    add_block: impl Fn(&mut [f32], bool, usize, &mut S) + Sync,
+) -> Vec<f32> {
+    if blocks == 0 {
+        return vec![0.0; len];
+    }
+    let groups = blocks.min(GROUPS);
+    let per_group = blocks.div_ceil(groups);
+    let partials: Vec<Vec<f32>> = (0..blocks.div_ceil(per_group))
+        .into_par_iter()
+        .map(|group| {
+            let mut partial = vec![0.0f32; len];
+            let mut buffers = scratch();
+            let members = group * per_group..((group + 1) * per_group).min(blocks);
+            for (n, index) in members.enumerate() {
+                add_block(&mut partial, n > 0, index, &mut buffers);
+            }
+            partial
+        })
+        .collect();
+    let mut partials = partials.into_iter();
+    let mut total = partials.next().unwrap_or_else(|| vec![0.0; len]);
+    for partial in partials {
+        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sum_over_blocks;
+
+    #[test]
+    fn every_block_is_added_once_in_any_pool() {
+        for blocks in [0, 1, 5, 8, 9, 23] {
+            let run = |threads: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a pool")
+                    .install(|| {
+                        sum_over_blocks(
+                            blocks,
+                            3,
+                            || (),
+                            |partial, accumulate, index, _| {
+                                for (k, p) in partial.iter_mut().enumerate() {
+                                    let value = (index * 3 + k) as f32 * 0.1;
+                                    *p = if accumulate { *p + value } else { value };
+                                }
+                            },
+                        )
+                    })
+            };
+            let expected: Vec<f32> = (0..3)
+                .map(|k| (0..blocks).map(|i| (i * 3 + k) as f32).sum::<f32>())
+                .collect();
+            let one = run(1);
+            for (got, want) in one.iter().zip(&expected) {
+                assert!(
+                    (got - want * 0.1).abs() < 1e-3,
+                    "{blocks}: {got} vs {}",
+                    want * 0.1
+                );
+            }
+            assert_eq!(one, run(3), "{blocks} blocks");
+        }
+    }
+}
