@@ -7,8 +7,8 @@
 //! (one image of a large feature map, several of a small one) and run in parallel in the
 //! caller's rayon pool, each with a column buffer of its rayon split (reused block after
 //! block), so memory stays at a few blocks' columns. Blocks follow the shapes only, never
-//! the thread count, and so does every summation order (the weight gradient adds its blocks' partial sums in a fixed order,
-//! `block_sum`): results do not depend on threads.
+//! the thread count, and so does every summation order (the weight gradient adds its
+//! blocks' partial sums in a fixed order, `block_sum`): results do not depend on threads.
 
 use std::ops::Range;
 
