@@ -112,14 +112,17 @@ fn slices<const N: usize>(scratch: &mut [f32], len: usize) -> [&mut [f32]; N] {
 /// The runs of points `first..first + 4` for tiles `t0..t0 + n` in `out` (`[16, tiles]`).
 #[inline(always)]
 fn points(out: &mut [f32], tiles: usize, first: usize, t0: usize, n: usize) -> [&mut [f32]; 4] {
-    let mut rest = &mut out[first * tiles..];
-    std::array::from_fn(|i| {
-        let (run, tail) = std::mem::take(&mut rest)[t0..].split_at_mut(n);
-        if i < 3 {
-            rest = &mut tail[tiles - t0 - n..];
-        }
-        run
-    })
+    let four = &mut out[first * tiles..(first + 4) * tiles];
+    let (p0, rest) = four.split_at_mut(tiles);
+    let (p1, rest) = rest.split_at_mut(tiles);
+    let (p2, p3) = rest.split_at_mut(tiles);
+    let run = t0..t0 + n;
+    [
+        &mut p0[run.clone()],
+        &mut p1[run.clone()],
+        &mut p2[run.clone()],
+        &mut p3[run],
+    ]
 }
 
 /// Splits `row` (an input row, shifted right by `left` zero columns) into its even and odd
