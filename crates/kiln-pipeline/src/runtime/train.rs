@@ -244,9 +244,8 @@ impl<O: Objective> Pipeline<O> {
         // with clipping, the stages of each pipeline agree on the whole gradient's norm.
         let timeout = self.config.timeout;
         let replicas = communicators(groups, stages, timeout, Members::CopiesOfAStage, groups > 1);
-        // Clipping and mixed precision check the whole model's gradient: its stages agree.
-        // Across processes they agree over the MPI world (one stage per process), so no
-        // in-process group is built.
+        // Clipping and mixed precision check the whole model's gradient: its stages agree
+        // (across processes over the MPI world, one stage per process: no group built here).
         let agreeing =
             (self.config.max_grad_norm.is_some() || !self.config.precision.is_f32()) && stages > 1;
         let pipelines = communicators(
@@ -256,10 +255,9 @@ impl<O: Objective> Pipeline<O> {
             Members::StagesOfAPipeline,
             agreeing && self.processes.is_none(),
         );
-        // The world is safe to share with the driver's loss sum: the MPI backend runs one
-        // rank's operations in the order they are submitted, and the local stage's agreement
-        // (inside its step) always comes before the driver's sum of that step (after the
-        // stage's report), on every process alike.
+        // The world is safe to share with the driver's loss sum: MPI runs a rank's operations
+        // in submission order, and a stage's agreement (inside its step) precedes the
+        // driver's sum of that step (after the report), which precedes the next step's data.
         let across_agreement = self.processes.as_ref().filter(|_| agreeing);
         type Channel<B> = (Sender<StepData<B>>, Receiver<StepData<B>>);
         let (step_senders, step_receivers): (Vec<_>, Vec<_>) = local
