@@ -123,11 +123,28 @@ pub fn bundle_dir(xdg_data_home: Option<&str>, home: Option<&str>) -> Option<Pat
     Some(base.join(BUNDLE_DIR))
 }
 
+/// Runs `tool flag`, retrying while the kernel says the file is busy: `tool` was written
+/// by this process a moment ago, and a child forked by another thread in that moment holds
+/// the write descriptor until its own exec (ETXTBSY; the file is closed on exec, but not
+/// before; seen in CI with tests running in parallel).
+fn run_written_tool(tool: &Path, flag: &str) -> std::io::Result<std::process::Output> {
+    let mut attempts = 0;
+    loop {
+        match Command::new(tool).arg(flag).output() {
+            Err(err) if err.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 100 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => return result,
+        }
+    }
+}
+
 /// What `llvm-config` in `dir` says: `Ok(version)` when it is LLVM 23.1 with NVPTX built.
 fn check_llvm(dir: &Path) -> Result<String, CudaLlvmError> {
     let tool = dir.join("bin/llvm-config");
     let ask = |flag: &str| -> Result<String, CudaLlvmError> {
-        let output = Command::new(&tool).arg(flag).output().map_err(|err| {
+        let output = run_written_tool(&tool, flag).map_err(|err| {
             CudaLlvmError::Check(format!(
                 "cannot run {} ({err}; it is a Python script: python3 must be on PATH)",
                 tool.display()
