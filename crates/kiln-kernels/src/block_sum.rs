@@ -1,7 +1,14 @@
-//! Sums over a batch's blocks of images in an order fixed by the shapes: the weight
-//! gradients' reduction, shared by the im2col and Winograd paths.
+//! A batch's blocks of images, shared by the im2col and Winograd paths: which images a
+//! block holds, and the weight gradients' sum over blocks in an order fixed by the shapes.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
+
+/// The images of block `index` of `size` images each, in a batch of `batch`.
+pub(crate) fn block(index: usize, size: usize, batch: usize) -> Range<usize> {
+    index * size..((index + 1) * size).min(batch)
+}
 
 /// Partial sums computed in parallel and then added in order.
 const GROUPS: usize = 8;

@@ -18,7 +18,7 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{DType, FloatDType, Shape, TensorData};
 use rayon::prelude::*;
 
-use crate::block_sum::sum_over_blocks;
+use crate::block_sum::{block, sum_over_blocks};
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
@@ -56,11 +56,6 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
 /// Images per block.
 fn block_size(dims: &ConvDims) -> usize {
     BLOCK_POSITIONS.div_ceil(dims.positions().max(1)).max(1)
-}
-
-/// The images of block `index`.
-fn block(index: usize, size: usize, batch: usize) -> Range<usize> {
-    index * size..((index + 1) * size).min(batch)
 }
 
 fn to_f32(tensor: FlexTensor) -> FlexTensor {
@@ -373,7 +368,8 @@ pub(crate) fn im2col_weight_gradient(
 
 #[cfg(test)]
 mod tests {
-    use super::{block, block_size, sizes};
+    use super::{block_size, sizes};
+    use crate::block_sum::block;
     use crate::geometry::ConvGeometry;
     use burn::tensor::Shape;
 

@@ -14,11 +14,9 @@
 //! which stay within the tolerance the im2col path meets against Burn. Blocks, tiles and every
 //! summation order follow the shapes, never the thread count.
 
-use std::ops::Range;
-
 use rayon::prelude::*;
 
-use crate::block_sum::sum_over_blocks;
+use crate::block_sum::{block, sum_over_blocks};
 use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
 use crate::winograd_tiles::{
@@ -62,11 +60,6 @@ pub(crate) fn applies(dims: &ConvDims, out_channels: usize) -> bool {
 /// Images per block of `tiling`: enough for `tiles` tiles.
 fn block_images(tiling: Tiling, tiles: usize) -> usize {
     tiles.div_ceil(tiling.per_image().max(1)).max(1)
-}
-
-/// The images of block `index` of `size` images each.
-fn block(index: usize, size: usize, batch: usize) -> Range<usize> {
-    index * size..((index + 1) * size).min(batch)
 }
 
 /// `G v` for a column or row of a kernel.
