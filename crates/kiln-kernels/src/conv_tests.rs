@@ -1,6 +1,5 @@
 //! kiln's convolution equals Burn's, forward and every gradient, to 1e-4 of the largest value
-//! (im2col and Winograd shapes alike)
-//! (the GEMM and Flex's convolution sum in different orders, which differ again on other
+//! (im2col, shifted-GEMM and Winograd shapes alike; the GEMM and Flex's convolution sum in different orders, which differ again on other
 //! CPUs' kernels; measured below 1e-5 here), and its results do not depend on threads.
 
 use burn::module::Module;
@@ -163,6 +162,31 @@ fn cases() -> Vec<Case> {
             true,
             1,
             [20, 24],
+        ),
+        // Shifted GEMMs (unit stride, >= 8 channels, >= 256 positions): forward and weight
+        // gradient; the input gradient (6 channels) on im2col.
+        (
+            8,
+            6,
+            [3, 3],
+            [1, 1],
+            Explicit(1, 1, 1, 1),
+            [1, 1],
+            true,
+            3,
+            [16, 18],
+        ),
+        // Shifted GEMMs with dilation and unequal padding, the input gradient shifted too.
+        (
+            10,
+            8,
+            [3, 3],
+            [1, 1],
+            Explicit(1, 2, 1, 2),
+            [1, 2],
+            false,
+            2,
+            [16, 20],
         ),
         // Winograd F(2x2, 3x3): forward and weight gradient, and the input gradient as a
         // flipped convolution on the same path; an odd output width (a half-used tile).

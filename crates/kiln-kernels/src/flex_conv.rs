@@ -22,7 +22,7 @@ use crate::block_sum::{block, sum_over_blocks};
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
-use crate::winograd;
+use crate::{shifted, winograd};
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
 const BLOCK_POSITIONS: usize = 256;
@@ -138,6 +138,9 @@ fn forward_values(
 ) -> Vec<f32> {
     if winograd::applies(dims, out_channels) {
         return winograd::forward(x, weight, dims, batch, out_channels);
+    }
+    if shifted::applies(dims) {
+        return shifted::forward(x, weight, dims, batch, out_channels);
     }
     im2col_forward(x, weight, dims, batch, out_channels)
 }
@@ -316,6 +319,9 @@ fn weight_gradient(
 ) -> Vec<f32> {
     if winograd::applies(dims, out_channels) {
         return winograd::weight_gradient(x, grad, dims, batch, out_channels);
+    }
+    if shifted::applies(dims) {
+        return shifted::weight_gradient(x, grad, dims, batch, out_channels);
     }
     im2col_weight_gradient(x, grad, dims, batch, out_channels)
 }

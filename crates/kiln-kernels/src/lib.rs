@@ -37,6 +37,9 @@ mod gemm;
 mod geometry;
 mod im2col;
 mod norm_extension;
+mod shifted;
+#[cfg(test)]
+mod shifted_tests;
 mod winograd;
 #[cfg(test)]
 mod winograd_tests;
