@@ -4,8 +4,9 @@
 //!
 //! Burn's generic batch norm builds both from tensor operations that first transpose the
 //! whole activation to channels-first (a full copy) several times per layer. Here each
-//! channel's sums run sequentially in f64 (so they do not depend on the thread count and lose
-//! nothing to cancellation), and the work is split by channel or by plane.
+//! channel's sums run in f64 in an order fixed by the shape (so they do not depend on the
+//! thread count and lose nothing to cancellation), and the work is split by channel or by
+//! plane.
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
@@ -55,6 +56,52 @@ fn planes(
     x.chunks(plane).skip(channel).step_by(channels)
 }
 
+/// Partial sums per plane: a serial f64 sum waits an add's latency for every element, while
+/// independent partial sums run at the adds' throughput (measured: the statistics were most
+/// of batch norm's time, which was a tenth of a ResNet-18 step).
+const LANES: usize = 8;
+
+/// `Σ term(v)` over `values` in [`LANES`] interleaved partial sums, added in a fixed order at
+/// the end: the same result on any CPU and for any thread count.
+fn sum_in_lanes(values: &[f32], term: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += term(v);
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(rest) {
+        *lane += term(v);
+    }
+    add_lanes(lanes)
+}
+
+/// `(Σ g, Σ g·(x − m)·s)` over a plane of `xs` and its gradient `gs`, in lanes as
+/// [`sum_in_lanes`].
+fn gradient_sums_in_lanes(xs: &[f32], gs: &[f32], m: f64, s: f64) -> (f64, f64) {
+    let (mut dy, mut dyx) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let (x_chunks, g_chunks) = (xs.chunks_exact(LANES), gs.chunks_exact(LANES));
+    let rest = x_chunks.remainder().iter().zip(g_chunks.remainder());
+    for (x, g) in x_chunks.zip(g_chunks) {
+        for lane in 0..LANES {
+            dy[lane] += g[lane] as f64;
+            dyx[lane] += g[lane] as f64 * (x[lane] as f64 - m);
+        }
+    }
+    for (lane, (&v, &g)) in rest.enumerate() {
+        dy[lane] += g as f64;
+        dyx[lane] += g as f64 * (v as f64 - m);
+    }
+    (add_lanes(dy), add_lanes(dyx) * s)
+}
+
+/// The lanes' total, pairwise.
+fn add_lanes(l: [f64; LANES]) -> f64 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
 /// What [`forward`] computes.
 pub(crate) struct Normalized {
     /// In `x`'s dtype.
@@ -89,11 +136,11 @@ pub(crate) fn forward(
         .into_par_iter()
         .map(|channel| {
             let sum: f64 = planes(x, channels, plane, channel)
-                .map(|p| p.iter().map(|&v| v as f64).sum::<f64>())
+                .map(|p| sum_in_lanes(p, |v| v as f64))
                 .sum();
             let mean = sum / count;
             let squares: f64 = planes(x, channels, plane, channel)
-                .map(|p| p.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>())
+                .map(|p| sum_in_lanes(p, |v| (v as f64 - mean).powi(2)))
                 .sum();
             (mean, squares / count)
         })
@@ -164,12 +211,7 @@ pub(crate) fn backward(
             planes(x, channels, plane, channel)
                 .zip(planes(grad, channels, plane, channel))
                 .fold((0.0, 0.0), |(dy, dyx), (xs, gs)| {
-                    let (a, b) = xs
-                        .iter()
-                        .zip(gs)
-                        .fold((0.0f64, 0.0f64), |(a, b), (&v, &g)| {
-                            (a + g as f64, b + g as f64 * (v as f64 - m) * s)
-                        });
+                    let (a, b) = gradient_sums_in_lanes(xs, gs, m, s);
                     (dy + a, dyx + b)
                 })
         })
