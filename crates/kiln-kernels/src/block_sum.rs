@@ -13,6 +13,9 @@ pub(crate) fn block(index: usize, size: usize, batch: usize) -> Range<usize> {
 /// Partial sums computed in parallel and then added in order.
 const GROUPS: usize = 8;
 
+/// Elements per parallel piece of the groups' final addition.
+const ADD_PIECE: usize = 16 * 1024;
+
 /// `Σ` over `blocks` blocks of what `add_block` adds, as a vector of `len`.
 ///
 /// The blocks are cut into at most [`GROUPS`] consecutive groups, summed in parallel (each
@@ -46,9 +49,17 @@ pub(crate) fn sum_over_blocks<S>(
         .collect();
     let mut partials = partials.into_iter();
     let mut total = partials.next().unwrap_or_else(|| vec![0.0; len]);
-    for partial in partials {
-        total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
-    }
+    let rest: Vec<Vec<f32>> = partials.collect();
+    // Every element adds the groups in group order, whichever piece (thread) it falls in.
+    total
+        .par_chunks_mut(ADD_PIECE)
+        .enumerate()
+        .for_each(|(piece, sums)| {
+            for partial in &rest {
+                let part = &partial[piece * ADD_PIECE..][..sums.len()];
+                sums.iter_mut().zip(part).for_each(|(t, p)| *t += p);
+            }
+        });
     total
 }
 
@@ -91,5 +102,36 @@ mod tests {
             }
             assert_eq!(one, run(3), "{blocks} blocks");
         }
+    }
+
+    /// Long sums add in pieces: each element still adds the groups in group order.
+    #[test]
+    fn long_sums_add_every_group_in_any_pool() {
+        let len = 40_000;
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a pool")
+                .install(|| {
+                    sum_over_blocks(
+                        11,
+                        len,
+                        || (),
+                        |partial, accumulate, index, _| {
+                            for (k, p) in partial.iter_mut().enumerate() {
+                                let value = ((index * 7 + k) % 13) as f32;
+                                *p = if accumulate { *p + value } else { value };
+                            }
+                        },
+                    )
+                })
+        };
+        let one = run(1);
+        for (k, got) in one.iter().enumerate() {
+            let want: f32 = (0..11).map(|i| ((i * 7 + k) % 13) as f32).sum();
+            assert_eq!(*got, want, "element {k}");
+        }
+        assert_eq!(one, run(3));
     }
 }

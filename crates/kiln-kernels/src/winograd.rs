@@ -100,17 +100,41 @@ fn both_ways<const R: usize, const S: usize>(
     std::array::from_fn(|i| transform(columns[i]))
 }
 
+/// Kernel pairs per parallel piece of [`transform_kernel`] and the weight gradient's last
+/// transform (both are memory-bound gathers and scatters; serial, they were a tenth of a
+/// width-64 step's main thread on 2 threads).
+const PAIRS_PER_PIECE: usize = 512;
+
 /// The transformed kernel `G g Gᵀ` of `weight` (`[Cout, Cin·9]`), laid out `[16, Cout, Cin]`:
-/// one row-major GEMM operand per point.
+/// one row-major GEMM operand per point. Pieces of pairs run in parallel, each writing its
+/// own range of every point's row.
 fn transform_kernel(weight: &[f32], channels: usize, out_channels: usize) -> Vec<f32> {
     let pairs = out_channels * channels;
     let mut u = vec![0.0f32; POINTS * pairs];
-    for (pair, g) in weight.chunks_exact(9).enumerate().take(pairs) {
-        let g: [[f32; 3]; 3] = std::array::from_fn(|i| [g[3 * i], g[3 * i + 1], g[3 * i + 2]]);
-        for (point, value) in both_ways(g, kernel_1d).iter().flatten().enumerate() {
-            u[point * pairs + pair] = *value;
+    // pieces[k][point]: piece k's range of that point's row.
+    let mut pieces: Vec<Vec<&mut [f32]>> = Vec::new();
+    for row in u.chunks_mut(pairs.max(1)) {
+        for (k, range) in row.chunks_mut(PAIRS_PER_PIECE).enumerate() {
+            if pieces.len() <= k {
+                pieces.push(Vec::with_capacity(POINTS));
+            }
+            pieces[k].push(range);
         }
     }
+    pieces
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(k, mut rows)| {
+            let start = k * PAIRS_PER_PIECE;
+            let kernels = weight[start * 9..].chunks_exact(9).take(rows[0].len());
+            for (offset, g) in kernels.enumerate() {
+                let g: [[f32; 3]; 3] =
+                    std::array::from_fn(|i| [g[3 * i], g[3 * i + 1], g[3 * i + 2]]);
+                for (point, value) in both_ways(g, kernel_1d).iter().flatten().enumerate() {
+                    rows[point][offset] = *value;
+                }
+            }
+        });
     u
 }
 
@@ -203,19 +227,25 @@ pub(crate) fn weight_gradient(
             }
         },
     );
-    // [16, Cin, Cout] -> [Cout, Cin, 3, 3]
+    // [16, Cin, Cout] -> [Cout, Cin, 3, 3], pieces of pairs in parallel.
     let mut weight_grad = vec![0.0f32; pairs * 9];
-    for (pair, kernel) in weight_grad.chunks_exact_mut(9).enumerate() {
-        let (o, c) = (pair / dims.channels, pair % dims.channels);
-        let du: [[f32; 4]; 4] = std::array::from_fn(|i| {
-            std::array::from_fn(|j| total[(4 * i + j) * pairs + c * out_channels + o])
+    weight_grad
+        .par_chunks_mut(9 * PAIRS_PER_PIECE)
+        .enumerate()
+        .for_each(|(k, piece)| {
+            for (offset, kernel) in piece.chunks_exact_mut(9).enumerate() {
+                let pair = k * PAIRS_PER_PIECE + offset;
+                let (o, c) = (pair / dims.channels, pair % dims.channels);
+                let du: [[f32; 4]; 4] = std::array::from_fn(|i| {
+                    std::array::from_fn(|j| total[(4 * i + j) * pairs + c * out_channels + o])
+                });
+                for (value, g) in kernel
+                    .iter_mut()
+                    .zip(both_ways(du, kernel_grad_1d).iter().flatten())
+                {
+                    *value = *g;
+                }
+            }
         });
-        for (value, g) in kernel
-            .iter_mut()
-            .zip(both_ways(du, kernel_grad_1d).iter().flatten())
-        {
-            *value = *g;
-        }
-    }
     weight_grad
 }
