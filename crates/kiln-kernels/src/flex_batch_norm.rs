@@ -14,6 +14,8 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{DType, Shape, TensorData};
 use rayon::prelude::*;
 
+use crate::zeroed::zeroed;
+
 type FlexTensor = FloatTensor<Flex>;
 
 /// The layout of a `[N, C, ...]` activation: (images, channels, elements per plane).
@@ -154,7 +156,7 @@ pub(crate) fn forward(
             (mean as f32, scale as f32, b)
         })
         .collect();
-    let mut output = vec![0.0f32; x.len()];
+    let mut output = zeroed(x.len());
     output
         .par_chunks_mut(plane)
         .zip(x.par_chunks(plane))
@@ -227,7 +229,7 @@ pub(crate) fn backward(
             (mean[c], scale as f32, slope as f32, offset as f32)
         })
         .collect();
-    let mut input_grad = vec![0.0f32; x.len()];
+    let mut input_grad = zeroed(x.len());
     input_grad
         .par_chunks_mut(plane)
         .zip(x.par_chunks(plane).zip(grad.par_chunks(plane)))

@@ -22,6 +22,7 @@ use crate::block_sum::{block, sum_over_blocks};
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
+use crate::zeroed::zeroed;
 use crate::{shifted, winograd};
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
@@ -156,7 +157,7 @@ pub(crate) fn im2col_forward(
     let weight = (weight, Matrix::row_major(out_channels, dims.rows()));
     let positions = dims.positions();
     let size = block_size(dims);
-    let mut output = vec![0.0f32; batch * out_channels * positions];
+    let mut output = zeroed(batch * out_channels * positions);
     output
         .par_chunks_mut(size * out_channels * positions)
         .enumerate()
@@ -264,7 +265,7 @@ fn transposed_dims(dims: &ConvDims, out_channels: usize) -> Option<ConvDims> {
 fn flipped_weight(weight: &[f32], dims: &ConvDims, out_channels: usize) -> Vec<f32> {
     let [kh, kw] = dims.kernel;
     let taps = kh * kw;
-    let mut flipped = vec![0.0f32; weight.len()];
+    let mut flipped = zeroed(weight.len());
     flipped
         .par_chunks_mut(out_channels * taps)
         .enumerate()
@@ -292,7 +293,7 @@ fn scattered_input_gradient(
         Matrix::row_major(out_channels, dims.rows()).transposed(),
     );
     let size = block_size(dims);
-    let mut input_grad = vec![0.0f32; batch * dims.image_len()];
+    let mut input_grad = zeroed(batch * dims.image_len());
     input_grad
         .par_chunks_mut(size * dims.image_len())
         .enumerate()
@@ -375,7 +376,7 @@ const TRANSPOSE_ROWS: usize = 16;
 /// parallel, each filling its rows column by column (serial and element by element, this
 /// was a visible part of a width-64 step's main thread on 2 threads).
 pub(crate) fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; rows * cols];
+    let mut out = zeroed(rows * cols);
     out.par_chunks_mut((TRANSPOSE_ROWS * rows).max(1))
         .enumerate()
         .for_each(|(piece, dst)| {

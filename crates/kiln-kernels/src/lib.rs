@@ -7,8 +7,10 @@
 //! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution as im2col + one GEMM per block of
 //!   images, or, for 3×3 unit-stride kernels with at least 32 channels each side and an
 //!   output of at least 8×8, Winograd's F(2×2, 3×3) (16 GEMMs per block over transformed
-//!   tiles: 2.25× fewer multiply-adds); its input gradient is a convolution of the output
-//!   gradient with the flipped kernel (unit strides, so it takes the same two paths) or a GEMM
+//!   tiles: 2.25× fewer multiply-adds), or, for other unit-stride shapes of large images (≥ 8
+//!   input channels, ≥ 256 output positions), `kh` GEMMs over `kw` column-shifted copies of
+//!   the padded image instead of im2col; its input gradient is a convolution of the output
+//!   gradient with the flipped kernel (unit strides, so it takes the same paths) or a GEMM
 //!   and a col2im, its weight gradient one more GEMM per block (16 under Winograd),
 //!   instead of Flex's tiled forward, transposed convolution and dilated convolution. The
 //!   path is chosen from the shape alone (thresholds measured once, in the source), never by
@@ -44,6 +46,7 @@ mod winograd;
 #[cfg(test)]
 mod winograd_tests;
 mod winograd_tiles;
+mod zeroed;
 
 pub use batch_norm::{NormalizedBatch, batch_norm_train};
 pub use conv_extension::ConvKernel;

@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use crate::block_sum::sum_over_blocks;
 use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
+use crate::zeroed::zeroed;
 
 /// Fewest output positions per image: smaller images would waste more of each GEMM on the
 /// dropped columns (`Wp − Wo` per row) and need several images per GEMM.
@@ -148,7 +149,7 @@ pub(crate) fn forward(
     let wide = layout.wide(dims);
     let inner = Padded::rows(dims);
     let by_row = weight_by_tap_row(weight, dims, out_channels);
-    let mut output = vec![0.0f32; batch * out_channels * positions];
+    let mut output = zeroed(batch * out_channels * positions);
     output
         .par_chunks_mut(out_channels * positions)
         .enumerate()

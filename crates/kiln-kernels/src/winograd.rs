@@ -22,6 +22,7 @@ use crate::im2col::ConvDims;
 use crate::winograd_tiles::{
     POINTS, Tiling, channel_stride, transform_input, transform_output, transform_output_grad,
 };
+use crate::zeroed::zeroed;
 
 /// Tiles a forward block's GEMMs should see at least (the column count of each of its 16
 /// GEMMs).
@@ -110,7 +111,7 @@ const PAIRS_PER_PIECE: usize = 512;
 /// own range of every point's row.
 fn transform_kernel(weight: &[f32], channels: usize, out_channels: usize) -> Vec<f32> {
     let pairs = out_channels * channels;
-    let mut u = vec![0.0f32; POINTS * pairs];
+    let mut u = zeroed(POINTS * pairs);
     // pieces[k][point]: piece k's range of that point's row.
     let mut pieces: Vec<Vec<&mut [f32]>> = Vec::new();
     for row in u.chunks_mut(pairs.max(1)) {
@@ -152,7 +153,7 @@ pub(crate) fn forward(
     let [out_h, out_w] = dims.output;
     let plane = out_h * out_w;
     let size = block_images(tiling, BLOCK_TILES);
-    let mut output = vec![0.0f32; batch * out_channels * plane];
+    let mut output = zeroed(batch * out_channels * plane);
     output
         .par_chunks_mut(size * out_channels * plane)
         .enumerate()
@@ -228,7 +229,7 @@ pub(crate) fn weight_gradient(
         },
     );
     // [16, Cin, Cout] -> [Cout, Cin, 3, 3], pieces of pairs in parallel.
-    let mut weight_grad = vec![0.0f32; pairs * 9];
+    let mut weight_grad = zeroed(pairs * 9);
     weight_grad
         .par_chunks_mut(9 * PAIRS_PER_PIECE)
         .enumerate()
