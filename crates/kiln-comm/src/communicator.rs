@@ -121,6 +121,35 @@ impl Communicator {
         dispatch!(self, c => c.recv(data, src))
     }
 
+    /// Splits the group into sub-groups: the ranks passing the same `color` form one, ranked
+    /// by `key` (ties by their rank here). Every rank must call it, in the same order as its
+    /// other collectives. Across processes this is `MPI_Comm_split`
+    /// ([`MpiCommunicator::split`](crate::MpiCommunicator::split)); a pipeline of D × P
+    /// processes splits into its stage groups (the copies of one stage, which all-reduce
+    /// their gradients) and its pipelines (whose stages exchange activations).
+    ///
+    /// # Errors
+    /// [`CommError::Unsupported`] for in-process and hybrid groups (build the sub-groups
+    /// there directly with [`InProcessGroup`](crate::InProcessGroup)); see
+    /// [`MpiCommunicator::split`](crate::MpiCommunicator::split) for MPI's.
+    pub fn split(&self, color: usize, key: usize) -> Result<Communicator, CommError> {
+        let _ = (color, key);
+        let unsupported = |rank| CommError::Unsupported {
+            op: "split",
+            rank,
+            detail: "only MPI communicators split; in one process build each sub-group as an \
+                     InProcessGroup of its own"
+                .into(),
+        };
+        match self {
+            Communicator::InProcess(c) => Err(unsupported(c.rank())),
+            #[cfg(feature = "mpi")]
+            Communicator::Mpi(c) => c.split(color, key),
+            #[cfg(feature = "mpi")]
+            Communicator::Hybrid(c) => Err(unsupported(c.rank())),
+        }
+    }
+
     /// Makes every pending and later operation of the group fail with `reason`.
     pub fn abort(&self, reason: impl Into<String>) {
         dispatch!(self, c => c.abort(reason))

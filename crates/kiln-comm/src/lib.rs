@@ -60,6 +60,8 @@ mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi_backend;
 #[cfg(feature = "mpi")]
+mod mpi_half;
+#[cfg(feature = "mpi")]
 mod mpi_messages;
 #[cfg(feature = "mpi")]
 mod mpi_p2p;
