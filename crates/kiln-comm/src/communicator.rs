@@ -80,6 +80,26 @@ impl Communicator {
         }
     }
 
+    /// Reduces `f32` values over all ranks, in place, combining them in rank order (rank 0's,
+    /// then 1's, …) wherever the ranks are: the in-process backend always does, MPI does it
+    /// here instead of its own order
+    /// ([`MpiCommunicator::all_reduce_in_rank_order`](crate::MpiCommunicator::all_reduce_in_rank_order)),
+    /// so a run across processes adds exactly like the same run in one process. The hybrid
+    /// backend adds each process's replicas first (its plain [`all_reduce`](Self::all_reduce)).
+    pub fn all_reduce_in_rank_order(
+        &self,
+        data: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        match self {
+            Communicator::InProcess(c) => c.all_reduce(data, op),
+            #[cfg(feature = "mpi")]
+            Communicator::Mpi(c) => c.all_reduce_in_rank_order(data, op),
+            #[cfg(feature = "mpi")]
+            Communicator::Hybrid(c) => c.all_reduce(data, op),
+        }
+    }
+
     /// Copies `root`'s `data` into every rank's `data`.
     pub fn broadcast<T: CommElement>(&self, data: &mut [T], root: usize) -> Result<(), CommError> {
         dispatch!(self, c => c.broadcast(data, root))

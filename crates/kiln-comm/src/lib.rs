@@ -64,6 +64,8 @@ mod mpi_half;
 #[cfg(feature = "mpi")]
 mod mpi_messages;
 #[cfg(feature = "mpi")]
+mod mpi_ordered;
+#[cfg(feature = "mpi")]
 mod mpi_p2p;
 mod op;
 mod worker;

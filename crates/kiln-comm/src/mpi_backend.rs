@@ -239,7 +239,7 @@ impl MpiCommunicator {
     }
 
     /// Runs `op` on the MPI thread, with this communicator, and waits for its result.
-    fn call<T: Send + 'static>(
+    pub(crate) fn call<T: Send + 'static>(
         &self,
         name: &'static str,
         op: impl FnOnce(&SimpleCommunicator) -> T + Send + 'static,

@@ -7,6 +7,7 @@ mod driver;
 mod empty;
 mod error;
 mod evaluate;
+mod groups;
 mod mailbox;
 #[cfg(feature = "mpi")]
 mod processes;

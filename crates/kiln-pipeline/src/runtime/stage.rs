@@ -308,8 +308,10 @@ impl<M: Segmented> Stage<M> {
         stage: usize,
         replicas: &Communicator,
     ) -> Result<(), PipelineError> {
+        // In rank order across processes too: the same bits as the same pipelines in one
+        // process.
         replicas
-            .all_reduce(&mut self.flat, ReduceOp::Sum)
+            .all_reduce_in_rank_order(&mut self.flat, ReduceOp::Sum)
             .map_err(|err| PipelineError::PeerLost {
                 stage,
                 what: format!("the gradients of its data-parallel copies ({err})"),
