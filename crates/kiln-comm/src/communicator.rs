@@ -210,3 +210,45 @@ impl AbortTarget {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{CommError, InProcessGroup};
+
+    /// In one process sub-groups are built directly: `split` says so instead of guessing.
+    #[test]
+    fn in_process_split_is_refused_with_the_alternative() {
+        let comms = InProcessGroup::new(2).build();
+        let err = comms[1].split(0, 0).unwrap_err();
+        assert!(
+            matches!(&err, CommError::Unsupported { op: "split", rank: 1, detail } if detail.contains("InProcessGroup")),
+            "{err}"
+        );
+    }
+
+    /// In-process all-reduce is already in rank order: the ordered form gives the same bits.
+    #[test]
+    fn in_process_rank_order_all_reduce_matches_all_reduce() {
+        let values =
+            |rank: usize| -> Vec<f32> { (0..7).map(|i| (i + rank) as f32 / 3.0).collect() };
+        let results: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = InProcessGroup::new(3)
+                .build()
+                .into_iter()
+                .map(|comm| {
+                    scope.spawn(move || {
+                        let (mut plain, mut ordered) = (values(comm.rank()), values(comm.rank()));
+                        comm.all_reduce(&mut plain, crate::ReduceOp::Sum).unwrap();
+                        comm.all_reduce_in_rank_order(&mut ordered, crate::ReduceOp::Sum)
+                            .unwrap();
+                        (plain, ordered)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (plain, ordered) in results {
+            assert_eq!(plain, ordered);
+        }
+    }
+}

@@ -140,14 +140,16 @@ impl<O: Objective> Pipeline<O> {
     }
 
     /// Runs the pipeline across the processes of `world` (an MPI world communicator,
-    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: process `r` runs stage
-    /// `r` on `devices[r]` (every process passes the same list and the same loader, and
-    /// drives its own stage). Activations and gradients travel as MPI messages whose length
-    /// the receiver learns; each step's loss is summed over the processes; rank 0's report
-    /// holds every stage's trained parameters. A failing stage ends the MPI job. Clipping
-    /// and mixed precision (bf16, f16 with its loss scaler) work as in one process: the
-    /// stages agree on the whole gradient's norm and overflow over `world`. Not yet across
-    /// processes: data-parallel pipelines, checkpoints.
+    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: with D data-parallel
+    /// pipelines of P stages, D × P processes, process `r` running stage `r % P` of pipeline
+    /// `r / P` on `devices[r]`, as thread `r` does in one process (every process passes the
+    /// same list and the same loader, and drives its own stage). Activations and gradients
+    /// travel as MPI messages whose length the receiver learns; each stage's copies add
+    /// their gradients in rank order (the in-process sums); each step's loss is summed over
+    /// the processes; rank 0's report holds the first pipeline's trained parameters. A
+    /// failing stage ends the MPI job. Clipping and mixed precision (bf16, f16 with its loss
+    /// scaler) work as in one process: each pipeline's stages agree on the whole gradient's
+    /// norm and overflow. Not yet across processes: checkpoints.
     #[cfg(feature = "mpi")]
     pub fn across_processes(mut self, world: Communicator) -> Self {
         self.processes = Some(world);
