@@ -9,6 +9,7 @@ mod error;
 mod evaluate;
 mod groups;
 mod mailbox;
+mod overlap;
 #[cfg(feature = "mpi")]
 mod processes;
 mod report;
