@@ -193,8 +193,9 @@ pub struct Args {
     #[arg(long, value_parser = positive_norm)]
     pub clip_grad_norm: Option<f32>,
     /// How replicas communicate: `local` (threads of this process, one per --devices entry)
-    /// or `mpi` (under mpirun: every process runs one replica per --devices entry; needs
-    /// `--features mpi`).
+    /// or `mpi` (under mpirun: every process runs one replica per --devices entry; with
+    /// --pipeline P --data-parallel D, `mpirun -np D*P` and one --devices entry: each process
+    /// runs one stage, rank = pipeline * P + stage; needs `--features mpi`).
     #[arg(long, value_enum, default_value_t = CommArg::Local, global = true)]
     pub comm: CommArg,
     /// CIFAR-10 binary directory (`cifar-10-batches-bin`); synthetic data when absent.
@@ -234,8 +235,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_parser = positive())]
     pub split: Option<Vec<usize>>,
     /// With --pipeline P: D data-parallel pipelines (--devices names D x P entries, pipeline
-    /// after pipeline); each step takes D batches, and the copies of each stage add their
-    /// gradients before the optimizer step.
+    /// after pipeline; with --comm mpi, D x P processes); each step takes D batches, and the
+    /// copies of each stage add their gradients before the optimizer step.
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub data_parallel: usize,
     /// How to use the devices: `auto` (profile the model, predict every data-parallel,

@@ -53,14 +53,15 @@ pub fn run(
     shape: PipelineRun,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let (stages, groups) = (shape.stages, shape.data_parallel);
-    // `--comm mpi`: one stage per process, each on its own `--devices` entry; rank 0 speaks.
+    // `--comm mpi`: one stage per process (rank = pipeline x P + stage), each on its own
+    // `--devices` entry; rank 0 speaks.
     let world = across_processes(args)?;
     let primary = world.as_ref().is_none_or(|w| w.rank() == 0);
     let devices = match &world {
-        Some(_) if devices.len() == 1 => vec![devices[0].clone(); stages],
+        Some(_) if devices.len() == 1 => vec![devices[0].clone(); groups * stages],
         Some(_) => {
             return Err(format!(
-                "--comm mpi --pipeline {stages}: each process runs one stage on its one --devices entry, got {}",
+                "--comm mpi --pipeline {stages} --data-parallel {groups}: each process runs one stage on its one --devices entry, got {}",
                 devices.len()
             )
             .into());

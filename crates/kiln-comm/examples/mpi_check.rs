@@ -6,12 +6,17 @@
 //! ```
 //! Exits non-zero on the first mismatch. MPI initialises once per process, so this is a
 //! program run under `mpirun` rather than a `cargo test` case.
+//!
+//! After the world's checks, the world is split as a data-parallel pipeline would split it
+//! (`rank = row × columns + column`, two columns when the world is even): every collective
+//! and point-to-point is checked again within each column (the copies of a stage) and each
+//! row (a pipeline), and tagged messages travel within each row only.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use half::{bf16, f16};
-use kiln_comm::{CommWorker, Communicator, MpiCommunicator, ReduceBuffer, ReduceOp};
+use kiln_comm::{CommWorker, Communicator, MpiCommunicator, MpiMessages, ReduceBuffer, ReduceOp};
 
 #[path = "../src/check_inputs.rs"]
 mod check_inputs;
@@ -86,6 +91,38 @@ fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
             format!("reduce_scatter len {len}"),
         )?;
     }
+    // In rank order: the in-process backend's bits exactly, with values whose sum depends on
+    // the order (thirds, unlike the inputs above).
+    if matches!(comm, Communicator::Mpi(_)) {
+        let thirds = |r: usize, len: usize| -> Vec<f32> {
+            input(r, len).iter().map(|v| v / 3.0 + 0.1).collect()
+        };
+        for len in [0, 1, 5, 1009] {
+            for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+                let mut data = thirds(rank, len);
+                comm.all_reduce_in_rank_order(&mut data, op)
+                    .map_err(|e| e.to_string())?;
+                let mut want = thirds(0, len);
+                for r in 1..world {
+                    for (a, v) in want.iter_mut().zip(thirds(r, len)) {
+                        *a = if op == ReduceOp::Max {
+                            a.max(v)
+                        } else {
+                            *a + v
+                        };
+                    }
+                }
+                if op == ReduceOp::Mean {
+                    want.iter_mut().for_each(|a| *a /= world as f32);
+                }
+                let same = data
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                expect(same, format!("all_reduce_in_rank_order {op:?} len {len}"))?;
+            }
+        }
+    }
     let source: Vec<f32> = input(rank, 1009);
     let mut h: Vec<f16> = source.iter().map(|&v| f16::from_f32(v)).collect();
     let mut b: Vec<bf16> = source.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -133,6 +170,73 @@ fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
         checks += 2;
     }
     comm.barrier().map_err(|e| e.to_string())?;
+    Ok(checks)
+}
+
+/// Splits `world` into columns and rows and checks each sub-group: its size and rank, every
+/// collective in it, and tagged messages that stay inside a row while every row sends.
+fn check_splits(world: &Communicator) -> Result<usize, String> {
+    let (rank, size) = (world.rank(), world.world_size());
+    let columns = if size.is_multiple_of(2) { 2 } else { 1 };
+    let rows = size / columns;
+    let (row, column) = (rank / columns, rank % columns);
+    // The key reverses the rows: the column's rank 0 is its last row.
+    let copies = world
+        .split(column, rows - 1 - row)
+        .map_err(|e| e.to_string())?;
+    let pipeline = world.split(row, column).map_err(|e| e.to_string())?;
+    let mut checks = 0;
+    if (copies.rank(), copies.world_size()) != (rows - 1 - row, rows)
+        || (pipeline.rank(), pipeline.world_size()) != (column, columns)
+    {
+        return Err(format!(
+            "split ranks: column {}/{} row {}/{}",
+            copies.rank(),
+            copies.world_size(),
+            pipeline.rank(),
+            pipeline.world_size()
+        ));
+    }
+    checks += check(&copies, true).map_err(|what| format!("column {column}: {what}"))?;
+    checks += check(&pipeline, true).map_err(|what| format!("row {row}: {what}"))?;
+    // A sum over a column differs from one over the world: the split really groups.
+    let mut ranks = vec![rank as f32];
+    copies
+        .all_reduce(&mut ranks, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let want: usize = (0..rows).map(|r| r * columns + column).sum();
+    if ranks[0] != want as f32 {
+        return Err(format!("column {column} sum {} != {want}", ranks[0]));
+    }
+    checks += 1;
+    // Every row's ranks send to their next one under one tag at once; each receives its
+    // row's message only, its sender named by the row's rank.
+    if columns > 1 {
+        let messages = MpiMessages::new(&pipeline, 7).map_err(|e| e.to_string())?;
+        let next = (column + 1) % columns;
+        messages
+            .send(next, &(rank as u32).to_le_bytes())
+            .map_err(|e| e.to_string())?;
+        let start = std::time::Instant::now();
+        let (from, bytes) = loop {
+            if let Some(got) = messages.try_recv() {
+                break got;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err("no message within the row".into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        let previous = (column + columns - 1) % columns;
+        let sender = u32::from_le_bytes(bytes[..4].try_into().map_err(|_| "short message")?);
+        if from != previous || sender as usize != row * columns + previous {
+            return Err(format!(
+                "row {row}: message from {from} (world rank {sender})"
+            ));
+        }
+        checks += 1;
+    }
+    world.barrier().map_err(|e| e.to_string())?;
     Ok(checks)
 }
 
@@ -200,7 +304,7 @@ fn main() -> ExitCode {
         eprintln!("rank {rank}: barrier after losing rank {lost}: {result:?}");
         return ExitCode::FAILURE;
     }
-    match check(&comm, true) {
+    match check(&comm, true).and_then(|checks| Ok(checks + check_splits(&comm)?)) {
         Ok(checks) => {
             // The same operations through a communication thread.
             let worker = CommWorker::spawn(comm);

@@ -80,6 +80,26 @@ impl Communicator {
         }
     }
 
+    /// Reduces `f32` values over all ranks, in place, combining them in rank order (rank 0's,
+    /// then 1's, …) wherever the ranks are: the in-process backend always does, MPI does it
+    /// here instead of its own order
+    /// ([`MpiCommunicator::all_reduce_in_rank_order`](crate::MpiCommunicator::all_reduce_in_rank_order)),
+    /// so a run across processes adds exactly like the same run in one process. The hybrid
+    /// backend adds each process's replicas first (its plain [`all_reduce`](Self::all_reduce)).
+    pub fn all_reduce_in_rank_order(
+        &self,
+        data: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        match self {
+            Communicator::InProcess(c) => c.all_reduce(data, op),
+            #[cfg(feature = "mpi")]
+            Communicator::Mpi(c) => c.all_reduce_in_rank_order(data, op),
+            #[cfg(feature = "mpi")]
+            Communicator::Hybrid(c) => c.all_reduce(data, op),
+        }
+    }
+
     /// Copies `root`'s `data` into every rank's `data`.
     pub fn broadcast<T: CommElement>(&self, data: &mut [T], root: usize) -> Result<(), CommError> {
         dispatch!(self, c => c.broadcast(data, root))
@@ -121,6 +141,35 @@ impl Communicator {
         dispatch!(self, c => c.recv(data, src))
     }
 
+    /// Splits the group into sub-groups: the ranks passing the same `color` form one, ranked
+    /// by `key` (ties by their rank here). Every rank must call it, in the same order as its
+    /// other collectives. Across processes this is `MPI_Comm_split`
+    /// ([`MpiCommunicator::split`](crate::MpiCommunicator::split)); a pipeline of D × P
+    /// processes splits into its stage groups (the copies of one stage, which all-reduce
+    /// their gradients) and its pipelines (whose stages exchange activations).
+    ///
+    /// # Errors
+    /// [`CommError::Unsupported`] for in-process and hybrid groups (build the sub-groups
+    /// there directly with [`InProcessGroup`](crate::InProcessGroup)); see
+    /// [`MpiCommunicator::split`](crate::MpiCommunicator::split) for MPI's.
+    pub fn split(&self, color: usize, key: usize) -> Result<Communicator, CommError> {
+        let _ = (color, key);
+        let unsupported = |rank| CommError::Unsupported {
+            op: "split",
+            rank,
+            detail: "only MPI communicators split; in one process build each sub-group as an \
+                     InProcessGroup of its own"
+                .into(),
+        };
+        match self {
+            Communicator::InProcess(c) => Err(unsupported(c.rank())),
+            #[cfg(feature = "mpi")]
+            Communicator::Mpi(c) => c.split(color, key),
+            #[cfg(feature = "mpi")]
+            Communicator::Hybrid(c) => Err(unsupported(c.rank())),
+        }
+    }
+
     /// Makes every pending and later operation of the group fail with `reason`.
     pub fn abort(&self, reason: impl Into<String>) {
         dispatch!(self, c => c.abort(reason))
@@ -158,6 +207,48 @@ impl AbortTarget {
                 shared.rendezvous.poison(rank, reason.clone());
                 crate::mpi_backend::abort_job(rank, &reason)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{CommError, InProcessGroup};
+
+    /// In one process sub-groups are built directly: `split` says so instead of guessing.
+    #[test]
+    fn in_process_split_is_refused_with_the_alternative() {
+        let comms = InProcessGroup::new(2).build();
+        let err = comms[1].split(0, 0).unwrap_err();
+        assert!(
+            matches!(&err, CommError::Unsupported { op: "split", rank: 1, detail } if detail.contains("InProcessGroup")),
+            "{err}"
+        );
+    }
+
+    /// In-process all-reduce is already in rank order: the ordered form gives the same bits.
+    #[test]
+    fn in_process_rank_order_all_reduce_matches_all_reduce() {
+        let values =
+            |rank: usize| -> Vec<f32> { (0..7).map(|i| (i + rank) as f32 / 3.0).collect() };
+        let results: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = InProcessGroup::new(3)
+                .build()
+                .into_iter()
+                .map(|comm| {
+                    scope.spawn(move || {
+                        let (mut plain, mut ordered) = (values(comm.rank()), values(comm.rank()));
+                        comm.all_reduce(&mut plain, crate::ReduceOp::Sum).unwrap();
+                        comm.all_reduce_in_rank_order(&mut ordered, crate::ReduceOp::Sum)
+                            .unwrap();
+                        (plain, ordered)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (plain, ordered) in results {
+            assert_eq!(plain, ordered);
         }
     }
 }

@@ -3,7 +3,8 @@
 //! Kiln's data-parallel training (gradient sync, parameter and statistics averaging) talks
 //! through a [`Communicator`]: `rank()`, `world_size()`, `all_reduce`, `broadcast`,
 //! `all_gather`, `reduce_scatter`, `barrier`, `send` and `recv`, on `f32`, `f16` and `bf16`
-//! buffers (half buffers are reduced in `f32`). Data parallelism is the only parallelism kiln
+//! buffers (half buffers are reduced in `f32`); across processes `split` makes sub-groups
+//! (`MPI_Comm_split`: a pipeline's stage copies, its stages). Data parallelism is the only parallelism kiln
 //! has today; `send` and `recv` are there for pipeline parallelism, which is planned.
 //!
 //! Backends are a closed set, so [`Communicator`] is an enum rather than a trait object
@@ -60,7 +61,11 @@ mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi_backend;
 #[cfg(feature = "mpi")]
+mod mpi_half;
+#[cfg(feature = "mpi")]
 mod mpi_messages;
+#[cfg(feature = "mpi")]
+mod mpi_ordered;
 #[cfg(feature = "mpi")]
 mod mpi_p2p;
 mod op;

@@ -12,27 +12,59 @@
 //! user-defined reductions would need libffi, so half-precision all-reduce gathers the 16-bit
 //! values and reduces them in f32 locally (up to three ranks, where that moves fewer bytes)
 //! or widens to f32 (beyond).
+//!
+//! [`MpiCommunicator::split`] makes sub-communicators (`MPI_Comm_split`): the MPI thread
+//! holds them beside the world, and a split handle runs its operations there too, so every
+//! wait stays bounded the same way. A handle's `rank` and `world_size` are the group's.
 
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use mpi::collective::SystemOperation;
-use mpi::topology::{Communicator as _, SimpleCommunicator};
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Destination, Root, Source};
 
 use crate::element::narrow_into;
+use crate::mpi_half::{HALF_GATHER_MAX_RANKS, HalfEncoding};
 use crate::op::{gather_mismatch, scatter_mismatch};
 use crate::{CommElement, CommError, ReduceOp};
 
-type Job = Box<dyn FnOnce(&SimpleCommunicator) + Send>;
+type Job = Box<dyn FnOnce(&mut Registry) + Send>;
 
-/// This process's rank of the MPI world.
+/// The communicators the MPI thread holds: the world first, then the splits, each at the
+/// index its handles name.
+struct Registry {
+    comms: Vec<SimpleCommunicator>,
+    /// The context the next split takes at least (see [`MpiCommunicator::split`]).
+    next_context: u32,
+}
+
+/// Sub-communicators a process may make: their contexts keep message tags apart
+/// ([`MpiMessages`](crate::MpiMessages)) and must stay within MPI's tag range.
+pub(crate) const MAX_CONTEXTS: u32 = 512;
+
+/// This process's rank of the MPI world, or of a group split from it
+/// ([`MpiCommunicator::split`]).
 #[derive(Debug)]
 pub struct MpiCommunicator {
     rank: usize,
     world_size: usize,
     timeout: Duration,
+    /// The communicator's index in the MPI thread's registry (0: the world).
+    id: usize,
+    /// Agreed by the group's members, unique among this process's communicators (0: the
+    /// world): keeps messages of different groups apart.
+    context: u32,
+    /// The world rank of each rank of this communicator.
+    members: Arc<[usize]>,
+    thread: Arc<MpiThread>,
+}
+
+/// The thread that owns MPI; the last handle to go stops it (which finalises MPI).
+#[derive(Debug)]
+struct MpiThread {
     jobs: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -57,10 +89,16 @@ impl MpiCommunicator {
                 crate::mpi_p2p::set_thread_multiple(threading == mpi::Threading::Multiple);
                 let world = universe.world();
                 let _ = ready.send(Some((world.rank() as usize, world.size() as usize)));
+                let mut registry = Registry {
+                    comms: vec![world],
+                    next_context: 1,
+                };
                 while let Ok(job) = receive_jobs.recv() {
-                    job(&world);
+                    job(&mut registry);
                 }
-                // `universe` drops here: MPI_Finalize, on the thread that initialised MPI.
+                // The splits are freed before `universe` drops: MPI_Finalize, on the thread
+                // that initialised MPI.
+                drop(registry);
             })
             .map_err(|e| CommError::Startup(format!("cannot spawn the MPI thread: {e}")))?;
         let (rank, world_size) = match started.recv() {
@@ -82,9 +120,93 @@ impl MpiCommunicator {
             rank,
             world_size,
             timeout,
-            jobs: Some(jobs),
-            thread: Some(thread),
+            id: 0,
+            context: 0,
+            members: (0..world_size).collect(),
+            thread: Arc::new(MpiThread {
+                jobs: Some(jobs),
+                thread: Some(thread),
+            }),
         }))
+    }
+
+    /// Splits this communicator's ranks into groups (`MPI_Comm_split`): the ranks that pass
+    /// the same `color` form one group, ranked by `key` (ties by their rank here). Every rank
+    /// of this communicator must call it, in the same order as its other collectives. The
+    /// new communicator shares this process's MPI thread and timeout; this one stays usable.
+    ///
+    /// ```text
+    /// // 4 ranks as 2 pipelines x 2 stages (rank = pipeline * 2 + stage):
+    /// let copies = world.split(rank % 2, rank / 2)?;   // the copies of one stage
+    /// let pipeline = world.split(rank / 2, rank % 2)?; // the stages of one pipeline
+    /// ```
+    ///
+    /// # Errors
+    /// [`CommError::InvalidArgument`] if `color` or `key` exceeds `i32::MAX` (MPI's range);
+    /// [`CommError::Unsupported`] after [`MAX_CONTEXTS`] splits in this process;
+    /// [`CommError::PeerLost`] if the MPI thread has stopped. A rank that never calls it
+    /// makes the others time out, which aborts the job.
+    pub fn split(&self, color: usize, key: usize) -> Result<crate::Communicator, CommError> {
+        let (Ok(color), Ok(key)) = (i32::try_from(color), i32::try_from(key)) else {
+            return Err(self.invalid(
+                "split",
+                format!("color {color} and key {key} must be at most {}", i32::MAX),
+            ));
+        };
+        let id = self.id;
+        let (rank, size, new_id, context, members) =
+            self.call_registry("split", move |registry| {
+                // A context no member uses yet: the largest any member of the parent would take.
+                let mut context = 0u32;
+                registry.comms[id].all_reduce_into(
+                    &registry.next_context,
+                    &mut context,
+                    SystemOperation::max(),
+                );
+                registry.next_context = context + 1;
+                let parent = &registry.comms[id];
+                let world_rank = registry.comms[0].rank();
+                let sub = parent
+                    .split_by_color_with_key(Color::with_value(color), key)
+                    .expect("a defined color always yields a communicator");
+                let mut members = vec![0i32; sub.size() as usize];
+                sub.all_gather_into(&world_rank, &mut members[..]);
+                let (rank, size) = (sub.rank() as usize, sub.size() as usize);
+                registry.comms.push(sub);
+                let members: Vec<usize> = members.into_iter().map(|r| r as usize).collect();
+                (rank, size, registry.comms.len() - 1, context, members)
+            })?;
+        if context >= MAX_CONTEXTS {
+            return Err(CommError::Unsupported {
+                op: "split",
+                rank: self.rank,
+                detail: format!(
+                    "a process may split at most {} communicators (their message tags must \
+                     stay apart)",
+                    MAX_CONTEXTS - 1
+                ),
+            });
+        }
+        Ok(crate::Communicator::Mpi(Self {
+            rank,
+            world_size: size,
+            timeout: self.timeout,
+            id: new_id,
+            context,
+            members: members.into(),
+            thread: Arc::clone(&self.thread),
+        }))
+    }
+
+    /// The world rank of each rank of this communicator (the identity for the world).
+    pub fn world_ranks(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// This communicator's context: 0 for the world, agreed by every member of a split and
+    /// unique among the communicators of this process.
+    pub(crate) fn context(&self) -> u32 {
+        self.context
     }
 
     /// The MPI library's own version string (`MPI_Get_library_version`, callable before MPI
@@ -116,15 +238,25 @@ impl MpiCommunicator {
         self.timeout
     }
 
-    /// Runs `op` on the MPI thread and waits for its result.
-    fn call<T: Send + 'static>(
+    /// Runs `op` on the MPI thread, with this communicator, and waits for its result.
+    pub(crate) fn call<T: Send + 'static>(
         &self,
         name: &'static str,
         op: impl FnOnce(&SimpleCommunicator) -> T + Send + 'static,
     ) -> Result<T, CommError> {
+        let id = self.id;
+        self.call_registry(name, move |registry| op(&registry.comms[id]))
+    }
+
+    /// Runs `op` on the MPI thread, with its registry, and waits for its result.
+    fn call_registry<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        op: impl FnOnce(&mut Registry) -> T + Send + 'static,
+    ) -> Result<T, CommError> {
         let (reply, result) = crossbeam_channel::bounded(1);
-        let job: Job = Box::new(move |world| {
-            let _ = reply.send(op(world));
+        let job: Job = Box::new(move |registry| {
+            let _ = reply.send(op(registry));
         });
         let lost = || CommError::PeerLost {
             op: name,
@@ -132,7 +264,8 @@ impl MpiCommunicator {
             peer: self.rank,
             reason: "the MPI thread stopped".into(),
         };
-        self.jobs
+        self.thread
+            .jobs
             .as_ref()
             .ok_or_else(lost)?
             .send(job)
@@ -332,43 +465,6 @@ impl MpiCommunicator {
 
 use mpi::datatype::Equivalence as _;
 
-/// Up to this many ranks, half-precision all-reduce gathers halves instead of reducing f32.
-const HALF_GATHER_MAX_RANKS: usize = 3;
-
-/// How a half type is encoded in 16 bits.
-#[derive(Debug, Clone, Copy)]
-enum HalfEncoding {
-    F16,
-    Bf16,
-}
-
-impl HalfEncoding {
-    fn of<T: 'static>() -> Option<Self> {
-        use std::any::TypeId;
-        if TypeId::of::<T>() == TypeId::of::<half::f16>() {
-            Some(Self::F16)
-        } else if TypeId::of::<T>() == TypeId::of::<half::bf16>() {
-            Some(Self::Bf16)
-        } else {
-            None
-        }
-    }
-
-    fn encode(self, value: f32) -> u16 {
-        match self {
-            Self::F16 => half::f16::from_f32(value).to_bits(),
-            Self::Bf16 => half::bf16::from_f32(value).to_bits(),
-        }
-    }
-
-    fn decode(self, bits: u16) -> f32 {
-        match self {
-            Self::F16 => half::f16::from_bits(bits).to_f32(),
-            Self::Bf16 => half::bf16::from_bits(bits).to_f32(),
-        }
-    }
-}
-
 /// `MPI_Abort` on the world: the launcher terminates every rank.
 pub(crate) fn abort_job(rank: usize, reason: &str) -> ! {
     eprintln!("kiln: rank {rank} aborts the MPI job: {reason}");
@@ -385,7 +481,7 @@ fn system_op(op: ReduceOp) -> SystemOperation {
     }
 }
 
-impl Drop for MpiCommunicator {
+impl Drop for MpiThread {
     fn drop(&mut self) {
         self.jobs.take();
         // As for `CommWorker`: never wait for a possibly stuck MPI thread while a panic

@@ -6,7 +6,12 @@
 //! Sends and probes run on the caller's thread (MPI runs with `MPI_THREAD_MULTIPLE`) as
 //! non-blocking operations, so a thread waiting for a message never stalls the process's
 //! collectives. MPI keeps the order of messages from one sender under one tag.
+//!
+//! On a group split from the world ([`MpiCommunicator::split`](crate::MpiCommunicator::split))
+//! ranks are the group's: messages travel between the members' world ranks, under a tag that
+//! includes the group's context, so that no other group's messages match.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mpi::point_to_point::MatchedReceiveVec as _;
@@ -22,11 +27,14 @@ pub struct MpiMessages {
     rank: usize,
     size: usize,
     timeout: Duration,
+    /// The world rank of each rank of the group.
+    members: Arc<[usize]>,
 }
 
 impl MpiMessages {
-    /// The messages under `tag` between the processes of `world` (an MPI world
-    /// communicator, one rank per process: [`MpiCommunicator::world`](crate::MpiCommunicator::world)).
+    /// The messages under `tag` between the processes of `world` (an MPI communicator, one
+    /// rank per process: [`MpiCommunicator::world`](crate::MpiCommunicator::world) or a group
+    /// split from it; ranks are its ranks).
     ///
     /// # Errors
     /// [`CommError::Unsupported`] for another kind of communicator, or without
@@ -49,11 +57,13 @@ impl MpiMessages {
             });
         }
         Ok(Self {
-            // Clear of the tags the hybrid backend's point-to-point uses (replica pairs).
-            tag: (1 << 20) + i32::from(tag),
+            // Clear of the tags the hybrid backend's point-to-point uses (replica pairs), and
+            // of other groups' (contexts stay below `MAX_CONTEXTS`: under 2^30).
+            tag: (1 << 20) + ((mpi.context() as i32) << 16) + i32::from(tag),
             rank: mpi.rank(),
             size: mpi.world_size(),
             timeout: mpi.timeout(),
+            members: mpi.world_ranks().into(),
         })
     }
 
@@ -70,9 +80,17 @@ impl MpiMessages {
     /// Sends `bytes` to process `to`; returns once MPI has taken them.
     ///
     /// # Errors
-    /// [`CommError::Timeout`] if the message is not taken within the timeout (the receiving
-    /// process is stuck or gone).
+    /// [`CommError::InvalidArgument`] if `to` is outside the group; [`CommError::Timeout`]
+    /// if the message is not taken within the timeout (the receiving process is stuck or
+    /// gone).
     pub fn send(&self, to: usize, bytes: &[u8]) -> Result<(), CommError> {
+        let Some(&to) = self.members.get(to) else {
+            return Err(CommError::InvalidArgument {
+                op: "send",
+                rank: self.rank,
+                detail: format!("rank {to} is outside the group of {}", self.size),
+            });
+        };
         let world = SimpleCommunicator::world();
         let start = Instant::now();
         mpi::request::scope(|scope| {
@@ -101,14 +119,21 @@ impl MpiMessages {
         })
     }
 
-    /// The next message under the tag from any process, if one has arrived: its sender and
-    /// its bytes.
+    /// The next message under the tag from any process of the group, if one has arrived:
+    /// its sender (the group's rank) and its bytes.
     pub fn try_recv(&self) -> Option<(usize, Vec<u8>)> {
         let world = SimpleCommunicator::world();
         let probed = world
             .any_process()
             .immediate_matched_probe_with_tag(self.tag)?;
         let (bytes, status) = probed.matched_receive_vec::<u8>();
-        Some((status.source_rank() as usize, bytes))
+        let source = status.source_rank() as usize;
+        // Only members send under the group's tag (its context is theirs alone).
+        let from = self
+            .members
+            .iter()
+            .position(|&member| member == source)
+            .unwrap_or(source);
+        Some((from, bytes))
     }
 }

@@ -7,7 +7,9 @@ mod driver;
 mod empty;
 mod error;
 mod evaluate;
+mod groups;
 mod mailbox;
+mod overlap;
 #[cfg(feature = "mpi")]
 mod processes;
 mod report;

@@ -1,4 +1,5 @@
-//! Stages in other processes (feature `mpi`): one stage per MPI process. The stage code is
+//! Stages in other processes (feature `mpi`): one stage per MPI process, world rank
+//! `group × P + stage` (the layout of [`groups`](crate::runtime::groups)). The stage code is
 //! the same as for threads: its sends to a stage of another process go into a channel that a
 //! link thread empties, encoding each message ([`wire`](crate::runtime::wire)) and sending it
 //! with [`MpiMessages`]; a receiving thread probes for messages from any process, rebuilds
@@ -27,7 +28,9 @@ const PARAMETERS: u16 = 1;
 /// One sender per stage of the pipeline.
 pub(crate) type Peers<H> = Vec<Sender<Message<H>>>;
 
-/// Checks that `world` can hold a pipeline of `stages` stages, one per process.
+/// Checks that `world` holds `groups` data-parallel pipelines of `stages` stages, one stage
+/// per process. Every process checks the same numbers, so all refuse together, before any
+/// collective.
 ///
 /// # Errors
 /// [`PipelineError::Config`] naming what does not match.
@@ -36,26 +39,28 @@ pub(crate) fn check(
     stages: usize,
     groups: usize,
 ) -> Result<(), PipelineError> {
-    if groups != 1 || world.world_size() != stages {
+    if world.world_size() != groups * stages {
         return Err(PipelineError::Config(format!(
-            "across processes a pipeline has one stage per process: {} processes for {groups} x {stages} stages (data-parallel pipelines across processes are not built yet)",
+            "across processes a pipeline has one stage per process: {groups} data-parallel pipeline(s) x {stages} stages need mpirun -np {}, got {} processes",
+            groups * stages,
             world.world_size()
         )));
     }
     Ok(())
 }
 
-/// Starts the link threads of stage `rank` (whose inbox is `inbox`) in `scope`: senders to
-/// every other stage, a receiver for messages from them. Returns the peers to give the
-/// stage and a guard that stops and joins the threads.
+/// Starts the link threads of this process's stage (whose inbox is `inbox`) in `scope`:
+/// senders to every other stage of its pipeline (`pipeline`, split from the world, ranked by
+/// stage), a receiver for messages from them. Returns the peers to give the stage and a
+/// guard that stops and joins the threads.
 pub(crate) fn link<'scope, 'env, H: Activation>(
     scope: &'scope Scope<'scope, 'env>,
-    world: &Communicator,
+    pipeline: &Communicator,
     inbox: Sender<Message<H>>,
     device: Device,
     abort: Abort,
 ) -> Result<(Peers<H>, Guard<'scope>), PipelineError> {
-    let messages = MpiMessages::new(world, MESSAGES).map_err(comm)?;
+    let messages = MpiMessages::new(pipeline, MESSAGES).map_err(comm)?;
     let (rank, stages) = (messages.rank(), messages.size());
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
@@ -125,14 +130,14 @@ impl Guard<'_> {
     }
 }
 
-/// Gathers every process's trained parameters into rank 0's `params` (the others send
-/// theirs), so that rank 0's report holds the whole model.
+/// Gathers the trained parameters of every stage of `pipeline` into its rank 0's `params`
+/// (the others send theirs), so that the first stage's report holds the whole model.
 pub(crate) fn gather_params(
-    world: &Communicator,
+    pipeline: &Communicator,
     params: &mut HashMap<String, Vec<f32>>,
     timeout: Duration,
 ) -> Result<(), PipelineError> {
-    let messages = MpiMessages::new(world, PARAMETERS).map_err(comm)?;
+    let messages = MpiMessages::new(pipeline, PARAMETERS).map_err(comm)?;
     if messages.rank() != 0 {
         return messages.send(0, &wire::encode_params(params)).map_err(comm);
     }

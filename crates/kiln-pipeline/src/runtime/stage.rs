@@ -7,7 +7,7 @@ use std::ops::Range;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Gradients, Tensor};
 use kiln_amp::{AmpStats, MixedPrecision};
-use kiln_comm::{Communicator, ReduceOp};
+use kiln_comm::{CommWorker, Communicator, ReduceOp};
 use kiln_core::{
     Activation, FlatLayout, GradWriter, ParamInfo, SegmentId, Segmented, grads_from_flat,
     param_infos, read_params, segment_param_infos,
@@ -55,6 +55,10 @@ pub(crate) struct Stage<M> {
     chunks: Vec<Range<usize>>,
     layout: FlatLayout,
     flat: Vec<f32>,
+    /// Per chunk, the ranges of `flat` its parameters fill: `None` unless the chunks' ranges
+    /// are disjoint and cover `flat` (then its copies cannot add the chunks' gradients
+    /// apart).
+    chunk_ranges: Option<Vec<Vec<Range<usize>>>>,
     /// Bytes of the stage's parameters and buffers as held.
     pub param_bytes: usize,
     /// Each compute takes this many times its time (see `PipelineConfig::emulated_slowdown`).
@@ -149,6 +153,7 @@ impl<M: Segmented> Stage<M> {
             .map(|info| (info.path.clone(), info.id.val()))
             .collect();
         let layout = FlatLayout::new(owned.into_iter().filter(|info| info.trainable));
+        let chunk_ranges = chunk_ranges(&model, &segments, &chunks, &layout);
         let model = keep_only(model, &keep);
         let param_bytes = float_bytes(&model);
         Self {
@@ -156,6 +161,7 @@ impl<M: Segmented> Stage<M> {
             segments,
             chunks,
             flat: vec![0.0; layout.len()],
+            chunk_ranges,
             layout,
             param_bytes,
             emulated_slowdown: 1.0,
@@ -298,22 +304,34 @@ impl<M: Segmented> Stage<M> {
         Ok(input_grad)
     }
 
-    /// Adds the summed gradients of every data-parallel copy of this stage (`replicas`, one
-    /// rank per copy), so that each holds the sum over the whole step's micro-batches.
-    ///
-    /// # Errors
-    /// [`PipelineError::PeerLost`] if a copy is gone or the all-reduce times out.
-    pub(crate) fn reduce(
-        &mut self,
-        stage: usize,
-        replicas: &Communicator,
-    ) -> Result<(), PipelineError> {
-        replicas
-            .all_reduce(&mut self.flat, ReduceOp::Sum)
-            .map_err(|err| PipelineError::PeerLost {
-                stage,
-                what: format!("the gradients of its data-parallel copies ({err})"),
-            })
+    /// Per chunk, the ranges of the gradient buffer its parameters fill, when the chunks'
+    /// are disjoint and cover the buffer.
+    pub(crate) fn chunk_grad_ranges(&self) -> Option<Vec<Vec<Range<usize>>>> {
+        self.chunk_ranges.clone()
+    }
+
+    /// The gradient buffer's length.
+    pub(crate) fn grad_len(&self) -> usize {
+        self.flat.len()
+    }
+
+    /// The summed gradients in `ranges`, concatenated.
+    pub(crate) fn grads_in(&self, ranges: &[Range<usize>]) -> Vec<f32> {
+        ranges
+            .iter()
+            .flat_map(|range| self.flat[range.clone()].iter().copied())
+            .collect()
+    }
+
+    /// Overwrites the summed gradients in `ranges` with `values` (as [`Stage::grads_in`]
+    /// concatenates them).
+    pub(crate) fn set_grads_in(&mut self, ranges: &[Range<usize>], values: &[f32]) {
+        let mut next = 0;
+        for range in ranges {
+            let len = range.len();
+            self.flat[range.clone()].copy_from_slice(&values[next..next + len]);
+            next += len;
+        }
     }
 
     /// Compares this stage's trainable parameters with its data-parallel copies'
@@ -327,7 +345,7 @@ impl<M: Segmented> Stage<M> {
     pub(crate) fn check_copies(
         &self,
         stage: usize,
-        replicas: &Communicator,
+        replicas: &CommWorker,
         step: usize,
     ) -> Result<(), PipelineError> {
         let print = kiln_core::fingerprint_values(&read_params(&self.model, &self.layout));
@@ -338,12 +356,11 @@ impl<M: Segmented> Stage<M> {
             stage,
             what: format!("its data-parallel copies' parameters ({err})"),
         };
-        let (mut highest, mut lowest) = (pieces.clone(), pieces);
-        replicas
-            .all_reduce(&mut highest, ReduceOp::Max)
+        let highest = replicas
+            .all_reduce_values(pieces.clone(), ReduceOp::Max)
             .map_err(lost)?;
-        replicas
-            .all_reduce(&mut lowest, ReduceOp::Min)
+        let lowest = replicas
+            .all_reduce_values(pieces, ReduceOp::Min)
             .map_err(lost)?;
         if highest != lowest {
             return Err(PipelineError::Diverged { stage, step });
@@ -396,4 +413,37 @@ fn agree_over_stages(
         pipeline.all_reduce(&mut values, op)?;
         Ok(values)
     })
+}
+
+/// Per chunk, the ranges of `layout` its segments' parameters fill (adjacent ones merged);
+/// `None` unless they are disjoint and cover the layout.
+fn chunk_ranges<M: Segmented>(
+    model: &M,
+    segments: &[SegmentId],
+    chunks: &[Range<usize>],
+    layout: &FlatLayout,
+) -> Option<Vec<Vec<Range<usize>>>> {
+    let mut covered = vec![false; layout.len()];
+    let mut all = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        for index in chunk.clone() {
+            for info in segment_param_infos(model, segments[index]) {
+                let Some(entry) = layout.get(info.id) else {
+                    continue; // not trainable
+                };
+                let range = entry.offset..entry.offset + entry.info.numel();
+                if covered[range.clone()].iter().any(|&c| c) {
+                    return None; // a parameter of two chunks (or two segments)
+                }
+                covered[range.clone()].iter_mut().for_each(|c| *c = true);
+                match ranges.last_mut() {
+                    Some(last) if last.end == range.start => last.end = range.end,
+                    _ => ranges.push(range),
+                }
+            }
+        }
+        all.push(ranges);
+    }
+    covered.iter().all(|&c| c).then_some(all)
 }

@@ -2,19 +2,19 @@
 
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity};
-use kiln_comm::{Communicator, InProcessGroup};
+use kiln_comm::Communicator;
 use kiln_core::{Segmented, panic_message};
 use kiln_data::BatchSource;
 use kiln_train::{Classification, LrSchedule, Objective, StopFlag, TrainObserver, TrainPosition};
 
 use crate::runtime::checkpoint::Writes;
 use crate::runtime::driver::{Around, ToStages, drive};
+use crate::runtime::groups::{StageGroups, stage_groups};
 use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::report::{PipelineReport, finish};
 use crate::runtime::stage_start::StageStart;
@@ -140,14 +140,16 @@ impl<O: Objective> Pipeline<O> {
     }
 
     /// Runs the pipeline across the processes of `world` (an MPI world communicator,
-    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: process `r` runs stage
-    /// `r` on `devices[r]` (every process passes the same list and the same loader, and
-    /// drives its own stage). Activations and gradients travel as MPI messages whose length
-    /// the receiver learns; each step's loss is summed over the processes; rank 0's report
-    /// holds every stage's trained parameters. A failing stage ends the MPI job. Clipping
-    /// and mixed precision (bf16, f16 with its loss scaler) work as in one process: the
-    /// stages agree on the whole gradient's norm and overflow over `world`. Not yet across
-    /// processes: data-parallel pipelines, checkpoints.
+    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: with D data-parallel
+    /// pipelines of P stages, D × P processes, process `r` running stage `r % P` of pipeline
+    /// `r / P` on `devices[r]`, as thread `r` does in one process (every process passes the
+    /// same list and the same loader, and drives its own stage). Activations and gradients
+    /// travel as MPI messages whose length the receiver learns; each stage's copies add
+    /// their gradients in rank order (the in-process sums); each step's loss is summed over
+    /// the processes; rank 0's report holds the first pipeline's trained parameters. A
+    /// failing stage ends the MPI job. Clipping and mixed precision (bf16, f16 with its loss
+    /// scaler) work as in one process: each pipeline's stages agree on the whole gradient's
+    /// norm and overflow. Not yet across processes: checkpoints.
     #[cfg(feature = "mpi")]
     pub fn across_processes(mut self, world: Communicator) -> Self {
         self.processes = Some(world);
@@ -240,25 +242,23 @@ impl<O: Objective> Pipeline<O> {
             peers.push(senders);
             inboxes.extend(receivers);
         }
-        // The copies of stage i (one per group) reduce their gradients in their own group;
-        // with clipping, the stages of each pipeline agree on the whole gradient's norm.
+        // The copies of stage i (one per group) reduce their gradients in their own group.
         let timeout = self.config.timeout;
-        let replicas = communicators(groups, stages, timeout, Members::CopiesOfAStage, groups > 1);
-        // Clipping and mixed precision check the whole model's gradient: its stages agree
-        // (across processes over the MPI world, one stage per process: no group built here).
+        // Clipping and mixed precision check the whole model's gradient: the stages of each
+        // pipeline agree (after the reduction every pipeline holds the same gradients, so
+        // each pipeline's agreement is the whole run's).
         let agreeing =
             (self.config.max_grad_norm.is_some() || !self.config.precision.is_f32()) && stages > 1;
-        let pipelines = communicators(
-            groups,
-            stages,
-            timeout,
-            Members::StagesOfAPipeline,
-            agreeing && self.processes.is_none(),
-        );
-        // The world is safe to share with the driver's loss sum: MPI runs a rank's operations
-        // in submission order, and a stage's agreement (inside its step) precedes the
-        // driver's sum of that step (after the report), which precedes the next step's data.
-        let across_agreement = self.processes.as_ref().filter(|_| agreeing);
+        let StageGroups {
+            replicas,
+            pipelines,
+            across,
+        } = stage_groups(self.processes.as_ref(), (groups, stages), timeout, agreeing)?;
+        // Across processes the pipeline's group is shared by the stage's agreement and (for
+        // links and the parameters' gathering) the run: MPI runs a rank's operations in
+        // submission order, and a stage's agreement (inside its step) precedes the driver's
+        // loss sum over the world (after the report), which precedes the next step's data.
+        let across_agreement = across.as_ref().filter(|_| agreeing);
         type Channel<B> = (Sender<StepData<B>>, Receiver<StepData<B>>);
         let (step_senders, step_receivers): (Vec<_>, Vec<_>) = local
             .iter()
@@ -274,17 +274,18 @@ impl<O: Objective> Pipeline<O> {
             #[cfg(feature = "mpi")]
             let mut linked = None;
             #[cfg(feature = "mpi")]
-            if let Some(world) = &self.processes {
+            if let (Some(world), Some(pipeline)) = (&self.processes, &across) {
                 let rank = world.rank();
+                let (group, stage) = (rank / stages, rank % stages);
                 let device = self.config.train_device(&self.devices[rank]);
                 let (links, guard) = crate::runtime::processes::link(
                     scope,
-                    world,
-                    peers[0][rank].clone(),
+                    pipeline,
+                    peers[group][stage].clone(),
                     device,
                     abort.clone(),
                 )?;
-                peers[0] = links;
+                peers[group] = links;
                 linked = Some(guard);
             }
             let handles: Vec<_> = inboxes
@@ -374,7 +375,7 @@ impl<O: Objective> Pipeline<O> {
                 results.push(Err(err));
             }
             let report = finish(driven, results, &local, &plan);
-            self.across_processes_end(report)
+            self.across_processes_end(report, across.as_ref())
         })
     }
 }
@@ -415,6 +416,7 @@ impl<O: Objective> Pipeline<O> {
     fn across_processes_end(
         &self,
         report: Result<PipelineReport, PipelineError>,
+        pipeline: Option<&Communicator>,
     ) -> Result<PipelineReport, PipelineError> {
         let Some(world) = &self.processes else {
             return report;
@@ -427,16 +429,22 @@ impl<O: Objective> Pipeline<O> {
                 return Err(err);
             }
         };
+        // Each pipeline's first stage gathers its pipeline's parameters (the pipelines mirror
+        // each other): world rank 0 holds the first pipeline's.
         #[cfg(feature = "mpi")]
         let report = {
             let mut report = report;
-            crate::runtime::processes::gather_params(
-                world,
-                &mut report.params,
-                self.config.timeout,
-            )?;
+            if let Some(pipeline) = pipeline {
+                crate::runtime::processes::gather_params(
+                    pipeline,
+                    &mut report.params,
+                    self.config.timeout,
+                )?;
+            }
             report
         };
+        #[cfg(not(feature = "mpi"))]
+        let _ = pipeline;
         Ok(report)
     }
 
@@ -458,42 +466,4 @@ impl<O: Objective> Pipeline<O> {
         }
         Ok(manifest.position.into())
     }
-}
-
-/// Who shares an in-process group in [`communicators`].
-#[derive(Clone, Copy, PartialEq)]
-enum Members {
-    /// The D copies of one stage.
-    CopiesOfAStage,
-    /// The P stages of one pipeline.
-    StagesOfAPipeline,
-}
-
-/// One communicator per stage thread, in (group, stage) order, for in-process groups of
-/// `members`; `None` for every thread unless `wanted`.
-fn communicators(
-    groups: usize,
-    stages: usize,
-    timeout: Duration,
-    members: Members,
-    wanted: bool,
-) -> Vec<Option<Communicator>> {
-    let mut slots: Vec<Option<Communicator>> = (0..groups * stages).map(|_| None).collect();
-    if !wanted {
-        return slots;
-    }
-    let by_stage = members == Members::CopiesOfAStage;
-    let (sets, size) = if by_stage {
-        (stages, groups)
-    } else {
-        (groups, stages)
-    };
-    for set in 0..sets {
-        let comms = InProcessGroup::new(size).timeout(timeout).build();
-        for (rank, comm) in comms.into_iter().enumerate() {
-            let (group, stage) = if by_stage { (rank, set) } else { (set, rank) };
-            slots[group * stages + stage] = Some(comm);
-        }
-    }
-    slots
 }

@@ -14,6 +14,7 @@ use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{PartSender, hand_over};
 use crate::runtime::evaluate::evaluate;
 use crate::runtime::mailbox::{Carries, Mailbox, Message};
+use crate::runtime::overlap::CopiesReduce;
 use crate::runtime::stage::{Forwarded, Input, Stage};
 use crate::schedule::{Action, Schedule};
 
@@ -94,6 +95,12 @@ where
     M: Segmented<Input = O::Input, Output = O::Output> + 'static,
 {
     let last_virtual = schedule.virtual_stages() - 1;
+    // The copies of this stage add their gradients on a communication thread, each chunk's
+    // as soon as it is final.
+    let mut copies = links
+        .replicas
+        .take()
+        .map(|replicas| CopiesReduce::new(replicas, &stage, schedule, index));
     while let Ok(data) = steps.recv() {
         if data.evaluate {
             let report = evaluate(index, (&stage, objective), schedule, &mut links, &data)?;
@@ -118,7 +125,7 @@ where
         // Mixed precision: the stage's parameters cast once per step (f32: the master).
         let precision = update.rule.precision().clone();
         let mut working = precision.working_copy(&stage.model);
-        for action in schedule.actions(index) {
+        for (position, action) in schedule.actions(index).iter().enumerate() {
             match *action {
                 Action::Forward { micro, chunk } => {
                     let virtual_stage = schedule.virtual_stage(index, chunk);
@@ -199,6 +206,9 @@ where
                     if let Some(grad) = grad {
                         input_grads.insert((micro, virtual_stage), grad);
                     }
+                    if let Some(copies) = copies.as_mut() {
+                        copies.backward_done(position, chunk, &stage);
+                    }
                 }
                 Action::SendGradient { micro, chunk, to } => {
                     let from = schedule.virtual_stage(index, chunk);
@@ -210,8 +220,8 @@ where
                 Action::ReduceGradients => {
                     // One pipeline has nothing to reduce; data-parallel copies of this stage
                     // add their summed gradients.
-                    if let Some(replicas) = &links.replicas {
-                        stage.reduce(index, replicas)?;
+                    if let Some(copies) = copies.as_mut() {
+                        copies.finish(&mut stage, index)?;
                     }
                 }
                 Action::OptimizerStep => {
@@ -228,9 +238,9 @@ where
             }
         }
         if data.check
-            && let Some(replicas) = &links.replicas
+            && let Some(copies) = &copies
         {
-            stage.check_copies(index, replicas, data.step)?;
+            stage.check_copies(index, copies.worker(), data.step)?;
         }
         if data.save
             && let Some(parts) = &links.parts
