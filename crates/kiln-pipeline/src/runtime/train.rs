@@ -13,7 +13,7 @@ use kiln_core::{Segmented, panic_message};
 use kiln_data::BatchSource;
 use kiln_train::{Classification, LrSchedule, Objective, StopFlag, TrainObserver, TrainPosition};
 
-use crate::runtime::checkpoint::Writes;
+use crate::runtime::checkpoint::{Writes, agree_start};
 use crate::runtime::driver::{Around, ToStages, drive};
 use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::report::{PipelineReport, finish};
@@ -146,8 +146,11 @@ impl<O: Objective> Pipeline<O> {
     /// the receiver learns; each step's loss is summed over the processes; rank 0's report
     /// holds every stage's trained parameters. A failing stage ends the MPI job. Clipping
     /// and mixed precision (bf16, f16 with its loss scaler) work as in one process: the
-    /// stages agree on the whole gradient's norm and overflow over `world`. Not yet across
-    /// processes: data-parallel pipelines, checkpoints.
+    /// stages agree on the whole gradient's norm and overflow over `world`. Checkpoints
+    /// work too: each process writes its stage's part into the shared run directory, rank 0
+    /// joins them into the checkpoint one process would write (resumable either way), the
+    /// processes agree on every write's outcome and on a stop; a resume reads the same
+    /// checkpoint in every process. Not yet across processes: data-parallel pipelines.
     #[cfg(feature = "mpi")]
     pub fn across_processes(mut self, world: Communicator) -> Self {
         self.processes = Some(world);
@@ -193,7 +196,12 @@ impl<O: Objective> Pipeline<O> {
         S: BatchSource<Batch = O::Batch> + ?Sized,
     {
         self.config.validate()?;
-        let start = self.resume_position()?;
+        let start = self.resume_position();
+        // Across processes every one starts at the same step (or every one fails).
+        let start = match &self.processes {
+            Some(world) => agree_start(world, self.checkpointer.as_ref(), start)?,
+            None => start?,
+        };
         let groups = self.config.data_parallel;
         let total = self.devices.len();
         if total == 0 {
@@ -267,8 +275,11 @@ impl<O: Objective> Pipeline<O> {
         let mut step_receivers = step_receivers.into_iter();
         let (done_sender, done_receiver) = unbounded();
         let (part_sender, part_receiver) = unbounded();
-        let mut writes = Writes::new(part_receiver, stages, timeout);
         let abort = Abort::default();
+        let mut writes = Writes::new(part_receiver, stages, timeout);
+        if let Some(world) = &self.processes {
+            writes = writes.across(world, abort.flag());
+        }
         std::thread::scope(|scope| {
             // Across processes, the local stage's sends to the others go through link threads.
             #[cfg(feature = "mpi")]
@@ -391,22 +402,7 @@ impl<O: Objective> Pipeline<O> {
         crate::runtime::processes::check(world, stages, groups)?;
         #[cfg(not(feature = "mpi"))]
         let _ = (world, stages, groups);
-        // Clipping and mixed precision work: the stages agree over the world.
-        let unsupported = [(
-            self.checkpointer.is_some() || self.resume.is_some(),
-            "checkpoints",
-        )];
-        let named: Vec<&str> = unsupported
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, name)| *name)
-            .collect();
-        if !named.is_empty() {
-            return Err(PipelineError::Config(format!(
-                "{} across processes: not built yet (in one process they work)",
-                named.join(", ")
-            )));
-        }
+        // Clipping, mixed precision and checkpoints work: the stages agree over the world.
         Ok(())
     }
 

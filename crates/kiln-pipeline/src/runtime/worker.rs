@@ -35,6 +35,8 @@ pub(crate) struct StepData<B = ImageBatch> {
     pub evaluate: bool,
     /// Whether the data-parallel copies of each stage compare their parameters after it.
     pub check: bool,
+    /// The last stage panics at this step (fault injection, `PipelineConfig::panic_at_step`).
+    pub panic: bool,
 }
 
 /// What a stage reports after a step.
@@ -101,6 +103,12 @@ where
                 break; // the driver stopped
             }
             continue;
+        }
+        if data.panic && index + 1 == schedule.stages() {
+            panic!(
+                "injected fault at step {} (PipelineConfig::panic_at_step)",
+                data.step
+            );
         }
         let sizes: Vec<usize> = data.micro_batches.iter().map(Batch::samples).collect();
         let mut report = StepDone {
