@@ -49,6 +49,8 @@ mod parts;
 mod parts_tests;
 mod snapshot;
 mod stage_part_files;
+#[cfg(test)]
+mod stage_part_tests;
 mod stage_parts;
 mod store;
 #[cfg(test)]
