@@ -86,8 +86,8 @@ impl StagePart {
         let header = rest
             .get(..length)
             .ok_or_else(|| corrupt("truncated in its header".into()))?;
-        let header: Header = serde_json::from_slice(header)
-            .map_err(|err| corrupt(format!("its header: {err}")))?;
+        let header: Header =
+            serde_json::from_slice(header).map_err(|err| corrupt(format!("its header: {err}")))?;
         let body = &rest[length..];
         let (model, optimizer) = (header.model_bytes as usize, header.optimizer_bytes as usize);
         if body.len() != model.saturating_add(optimizer) {
@@ -125,7 +125,7 @@ impl Checkpointer {
         position: &TrainPosition,
         stage: usize,
         stages: usize,
-    ) -> impl FnOnce(StagePart) -> Result<PathBuf, CheckpointError> + Send + 'static {
+    ) -> impl FnOnce(StagePart) -> Result<PathBuf, CheckpointError> + Send + use<> {
         let (store, step) = (self.store().clone(), position.step);
         move |part| {
             store.save_part(step, &stage_part_name(stage, stages), &part.to_bytes())?;
@@ -144,7 +144,7 @@ impl Checkpointer {
         stages: usize,
         timeout: Duration,
         abandoned: Arc<AtomicBool>,
-    ) -> impl FnOnce(StagePart) -> Result<PathBuf, CheckpointError> + Send + 'static {
+    ) -> impl FnOnce(StagePart) -> Result<PathBuf, CheckpointError> + Send + use<> {
         let (store, mut manifest) = (self.store().clone(), self.manifest(position));
         let step = position.step;
         move |first| {

@@ -22,7 +22,9 @@ fn part(tensors: &[(&str, usize)], seed: u8) -> StagePart {
     let tensors = tensors
         .iter()
         .map(|&(name, elements)| {
-            let values: Vec<u8> = (0..elements * 4).map(|i| seed.wrapping_add(i as u8)).collect();
+            let values: Vec<u8> = (0..elements * 4)
+                .map(|i| seed.wrapping_add(i as u8))
+                .collect();
             burn_pack::Tensor::new(
                 name.into(),
                 DType::F32,
@@ -69,7 +71,12 @@ fn a_stage_part_file_round_trips_and_damage_is_refused_with_the_file_named() {
     let back = StagePart::from_bytes(&bytes, Path::new("p")).unwrap();
     assert_eq!(
         (&back.model, &back.optimizer, &back.ids, &back.step_state),
-        (&first.model, &first.optimizer, &first.ids, &first.step_state)
+        (
+            &first.model,
+            &first.optimizer,
+            &first.ids,
+            &first.step_state
+        )
     );
     let mut flipped = bytes.clone();
     *flipped.last_mut().unwrap() ^= 1;
@@ -91,8 +98,7 @@ fn a_stage_part_file_round_trips_and_damage_is_refused_with_the_file_named() {
 fn parts_from_other_processes_join_into_the_checkpoint_one_process_writes() {
     let (one, across) = (scratch("stages-one"), scratch("stages-across"));
     let [first, second] = parts();
-    let in_one = checkpointer(&one).stage_writer(&AT)(vec![first.clone(), second.clone()])
-        .unwrap();
+    let in_one = checkpointer(&one).stage_writer(&AT)(vec![first.clone(), second.clone()]).unwrap();
     // Stage 1 writes its part a little after stage 0's writer began to wait for it.
     let saver = checkpointer(&across).stage_part_writer(&AT, 1, 2);
     let late = std::thread::spawn(move || {
@@ -106,7 +112,11 @@ fn parts_from_other_processes_join_into_the_checkpoint_one_process_writes() {
         Arc::default(),
     );
     let written = collect(first).unwrap();
-    assert_eq!(late.join().unwrap().unwrap(), written, "both name the checkpoint");
+    assert_eq!(
+        late.join().unwrap().unwrap(),
+        written,
+        "both name the checkpoint"
+    );
     let files = |dir: &Path| -> BTreeMap<String, Vec<u8>> {
         std::fs::read_dir(dir)
             .unwrap()
@@ -127,7 +137,11 @@ fn parts_from_other_processes_join_into_the_checkpoint_one_process_writes() {
         .collect();
     assert_eq!(left, vec![written.file_name().unwrap().to_owned()]);
     let loaded = CheckpointStore::load(&written).unwrap();
-    assert_eq!(loaded.manifest.optimizer.len(), 2, "one optimizer part per stage");
+    assert_eq!(
+        loaded.manifest.optimizer.len(),
+        2,
+        "one optimizer part per stage"
+    );
     for dir in [one, across] {
         std::fs::remove_dir_all(dir).ok();
     }
@@ -166,7 +180,10 @@ fn a_missing_or_failed_stage_part_is_an_error_naming_it_and_nothing_counts() {
     assert!(err.to_string().contains("No space left"), "{err}");
     let begun = Instant::now();
     let err = collect(Duration::from_secs(60), Arc::default())(first).unwrap_err();
-    assert!(begun.elapsed() < Duration::from_secs(10), "waited for a failed part");
+    assert!(
+        begun.elapsed() < Duration::from_secs(10),
+        "waited for a failed part"
+    );
     assert!(err.to_string().contains("No space left"), "{err}");
     assert_eq!(CheckpointStore::new(&dir, 3).latest().unwrap(), None);
     std::fs::remove_dir_all(dir).ok();

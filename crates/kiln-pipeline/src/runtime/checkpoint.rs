@@ -131,7 +131,10 @@ impl<'w> Writes<'w> {
             Some((world, _)) => {
                 let rank = world.rank();
                 let write = checkpointer.stage_part_writer(position, rank, self.stages);
-                (vec![rank], Box::new(move |mut parts| write(parts.remove(0))))
+                (
+                    vec![rank],
+                    Box::new(move |mut parts| write(parts.remove(0))),
+                )
             }
         };
         let (parts, timeout) = (self.parts.clone(), self.timeout);

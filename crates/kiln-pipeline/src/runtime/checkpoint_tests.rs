@@ -94,7 +94,8 @@ fn write_across(
                     let (sender, receiver) = unbounded();
                     let rank = world.rank();
                     let _ = sender.send((rank, Ok(part)));
-                    let mut writes = Writes::new(receiver, 2, TIMEOUT).across(&world, Arc::default());
+                    let mut writes =
+                        Writes::new(receiver, 2, TIMEOUT).across(&world, Arc::default());
                     writes.start(&checkpointer(store), &AT)?;
                     writes.wait()
                 })
@@ -150,10 +151,7 @@ fn a_write_that_fails_in_one_process_is_an_error_in_every_one() {
 }
 
 /// Runs `each(rank, world)` on the ranks of a world of `size`; every rank's result.
-fn on_ranks<T: Send>(
-    size: usize,
-    each: impl Fn(usize, &Communicator) -> T + Sync,
-) -> Vec<T> {
+fn on_ranks<T: Send>(size: usize, each: impl Fn(usize, &Communicator) -> T + Sync) -> Vec<T> {
     let worlds = InProcessGroup::new(size).timeout(TIMEOUT).build();
     std::thread::scope(|scope| {
         let each = &each;
@@ -175,7 +173,10 @@ fn one_ranks_failure_is_every_ranks_and_ranks_start_at_the_same_step() {
         };
         agree(world, outcome)
     });
-    let messages: Vec<String> = outcomes.iter().map(|o| o.as_ref().unwrap_err().to_string()).collect();
+    let messages: Vec<String> = outcomes
+        .iter()
+        .map(|o| o.as_ref().unwrap_err().to_string())
+        .collect();
     assert!(messages[1].contains("rank 1's own reason"), "{messages:?}");
     for rank in [0, 2] {
         assert!(messages[rank].contains("process 1"), "{messages:?}");
@@ -202,5 +203,9 @@ fn one_ranks_failure_is_every_ranks_and_ranks_start_at_the_same_step() {
         assert!(err.contains("different steps (2 to 4)"), "{err}");
     }
     let together = on_ranks(2, |_, world| agree_start(world, None, Ok(position(4))));
-    assert!(together.iter().all(|o| o.as_ref().is_ok_and(|p| p.step == 4)));
+    assert!(
+        together
+            .iter()
+            .all(|o| o.as_ref().is_ok_and(|p| p.step == 4))
+    );
 }

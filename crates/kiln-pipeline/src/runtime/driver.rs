@@ -23,7 +23,8 @@ pub(crate) struct ToStages<'a, B> {
     pub threads: &'a [usize],
     /// Stage threads over all processes (D × P).
     pub total: usize,
-    /// With stages in other processes: the world, over which each step's loss sums.
+    /// With stages in other processes: the world, over which each step's loss sums and
+    /// every stop is agreed.
     pub across: Option<&'a Communicator>,
     pub done: &'a Receiver<StepDone>,
     pub abort: &'a Abort,
