@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -30,13 +30,20 @@ use kiln_train::{StepState, TrainPosition};
 
 use crate::runtime::PipelineError;
 
-/// Where stages send their parts: `(stage, part or why it failed)`.
-pub(crate) type PartSender = Sender<(usize, Result<StagePart, String>)>;
+/// A stage's part on its way to the writer: `(stage, the checkpoint's step, the part or why
+/// it failed)`. The step matters: a stage may hand over its part of the next checkpoint
+/// before a slower stage's part of this one arrives (the encoders are threads of their own).
+pub(crate) type PartMessage = (usize, usize, Result<StagePart, String>);
+
+/// Where stages send their parts.
+pub(crate) type PartSender = Sender<PartMessage>;
 
 /// Stage `stage` hands over its `model`, `optimizer` state and step state (the loss
-/// scaler; `owned`: its parameters' ids by path), encoded on a thread of its own.
+/// scaler; `owned`: its parameters' ids by path) for the checkpoint at `step`, encoded on a
+/// thread of its own.
 pub(crate) fn hand_over<M: Module + 'static>(
     stage: usize,
+    step: usize,
     (model, optimizer, step_state): (&M, &ModuleOptimizer, StepState),
     owned: &BTreeMap<String, u64>,
     to: &PartSender,
@@ -56,16 +63,18 @@ pub(crate) fn hand_over<M: Module + 'static>(
                     step_state,
                 })
                 .map_err(|err| err.to_string());
-            let _ = sender.send((stage, part));
+            let _ = sender.send((stage, step, part));
         });
     if let Err(err) = spawned {
-        let _ = to.send((stage, Err(format!("starting its encoder: {err}"))));
+        let _ = to.send((stage, step, Err(format!("starting its encoder: {err}"))));
     }
 }
 
 /// The driver's checkpoint writes, one at a time.
 pub(crate) struct Writes<'w> {
-    parts: Receiver<(usize, Result<StagePart, String>)>,
+    parts: Receiver<PartMessage>,
+    /// Parts of a later checkpoint that arrived while an earlier one was collected.
+    early: Arc<Mutex<Vec<PartMessage>>>,
     stages: usize,
     timeout: Duration,
     /// With stages in other processes: the world (one stage per process), over which every
@@ -79,13 +88,10 @@ type Write = Box<dyn FnOnce(Vec<StagePart>) -> Result<PathBuf, CheckpointError> 
 
 impl<'w> Writes<'w> {
     /// Writes collecting `stages` parts from `parts`, waiting at most `timeout` for each.
-    pub(crate) fn new(
-        parts: Receiver<(usize, Result<StagePart, String>)>,
-        stages: usize,
-        timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(parts: Receiver<PartMessage>, stages: usize, timeout: Duration) -> Self {
         Self {
             parts,
+            early: Arc::default(),
             stages,
             timeout,
             across: None,
@@ -138,28 +144,12 @@ impl<'w> Writes<'w> {
             }
         };
         let (parts, timeout) = (self.parts.clone(), self.timeout);
+        let early = Arc::clone(&self.early);
         let step = position.step;
         let handle = std::thread::Builder::new()
             .name("kiln-pipeline-checkpoint-writer".into())
             .spawn(move || {
-                let mut got: Vec<Option<StagePart>> = local.iter().map(|_| None).collect();
-                for _ in 0..local.len() {
-                    let (stage, part) = parts.recv_timeout(timeout).map_err(|_| {
-                        PipelineError::Checkpoint(format!(
-                            "step {step}: a stage's part did not arrive within {timeout:?}"
-                        ))
-                    })?;
-                    let part = part.map_err(|err| {
-                        PipelineError::Checkpoint(format!("step {step}: stage {stage}: {err}"))
-                    })?;
-                    let slot = local.iter().position(|&s| s == stage).ok_or_else(|| {
-                        PipelineError::Checkpoint(format!(
-                            "step {step}: a part of stage {stage}, which runs elsewhere"
-                        ))
-                    })?;
-                    got[slot] = Some(part);
-                }
-                let parts = got.into_iter().map(|p| p.expect("one per stage")).collect();
+                let parts = collect(&local, step, (&parts, &early), timeout)?;
                 write(parts)
                     .map_err(|err: CheckpointError| PipelineError::Checkpoint(err.to_string()))
             })
@@ -188,6 +178,45 @@ impl<'w> Writes<'w> {
             Some((world, _)) => agree(world, written).map(Some),
         }
     }
+}
+
+/// The parts of the checkpoint at `step` of the `local` stages (in that order): those that
+/// arrived early first, then from `parts` (each within `timeout`); parts of a later
+/// checkpoint are kept in `early` for its write.
+pub(crate) fn collect(
+    local: &[usize],
+    step: usize,
+    (parts, early): (&Receiver<PartMessage>, &Mutex<Vec<PartMessage>>),
+    timeout: Duration,
+) -> Result<Vec<StagePart>, PipelineError> {
+    let mut got: Vec<Option<StagePart>> = local.iter().map(|_| None).collect();
+    let mut early = early.lock().unwrap_or_else(|p| p.into_inner());
+    let mut waiting = std::mem::take(&mut *early).into_iter();
+    while got.iter().any(Option::is_none) {
+        let (stage, at, part) = match waiting.next() {
+            Some(message) => message,
+            None => parts.recv_timeout(timeout).map_err(|_| {
+                PipelineError::Checkpoint(format!(
+                    "step {step}: a stage's part did not arrive within {timeout:?}"
+                ))
+            })?,
+        };
+        if at != step {
+            early.push((stage, at, part));
+            continue;
+        }
+        let part = part.map_err(|err| {
+            PipelineError::Checkpoint(format!("step {step}: stage {stage}: {err}"))
+        })?;
+        let slot = local.iter().position(|&s| s == stage).ok_or_else(|| {
+            PipelineError::Checkpoint(format!(
+                "step {step}: a part of stage {stage}, which runs elsewhere"
+            ))
+        })?;
+        got[slot] = Some(part);
+    }
+    early.extend(waiting);
+    Ok(got.into_iter().flatten().collect())
 }
 
 /// `outcome` agreed over `world`: an error if any process's is one (its own error on the

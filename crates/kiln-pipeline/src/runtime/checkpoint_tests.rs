@@ -2,11 +2,12 @@
 //! of an in-process world. Each writes its own stage's part and rank 0 joins them into the
 //! very checkpoint one process writes; a write that fails on one rank, a rank that cannot
 //! read the checkpoint, or ranks that would start at different steps are errors on every
-//! rank, in bounded time.
+//! rank, in bounded time. And in one process: a stage's part of the next checkpoint that
+//! arrives before a slower stage's part of this one waits for its own write.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::tensor::Device;
@@ -17,7 +18,7 @@ use kiln_core::Segmented;
 use kiln_train::{StepState, TrainPosition};
 
 use crate::runtime::PipelineError;
-use crate::runtime::checkpoint::{Writes, agree, agree_start, hand_over};
+use crate::runtime::checkpoint::{Writes, agree, agree_start, collect, hand_over};
 use crate::runtime::stage::Stage;
 use crate::runtime::test_support::{resnet, sgd};
 
@@ -41,6 +42,7 @@ fn stage_parts() -> Vec<StagePart> {
         let stage = Stage::new(model, vec![chunks]);
         hand_over(
             index,
+            AT.step,
             (&stage.model, &sgd(), StepState::Null),
             &stage.owned_ids,
             &sender,
@@ -48,7 +50,7 @@ fn stage_parts() -> Vec<StagePart> {
     }
     let mut parts: Vec<(usize, StagePart)> = (0..2)
         .map(|_| {
-            let (stage, part) = receiver.recv_timeout(TIMEOUT).unwrap();
+            let (stage, _, part) = receiver.recv_timeout(TIMEOUT).unwrap();
             (stage, part.unwrap())
         })
         .collect();
@@ -93,7 +95,7 @@ fn write_across(
                 scope.spawn(move || {
                     let (sender, receiver) = unbounded();
                     let rank = world.rank();
-                    let _ = sender.send((rank, Ok(part)));
+                    let _ = sender.send((rank, AT.step, Ok(part)));
                     let mut writes =
                         Writes::new(receiver, 2, TIMEOUT).across(&world, Arc::default());
                     writes.start(&checkpointer(store), &AT)?;
@@ -111,7 +113,7 @@ fn stages_in_other_processes_write_the_checkpoint_one_process_writes() {
     let (one, across) = (scratch("one"), scratch("across"));
     let (sender, receiver) = unbounded();
     for (stage, part) in parts.iter().cloned().enumerate() {
-        sender.send((stage, Ok(part))).unwrap();
+        sender.send((stage, AT.step, Ok(part))).unwrap();
     }
     let mut writes = Writes::new(receiver, 2, TIMEOUT);
     writes
@@ -208,4 +210,23 @@ fn one_ranks_failure_is_every_ranks_and_ranks_start_at_the_same_step() {
             .iter()
             .all(|o| o.as_ref().is_ok_and(|p| p.step == 4))
     );
+}
+
+#[test]
+fn a_part_of_the_next_checkpoint_that_arrives_first_waits_for_its_write() {
+    let parts = stage_parts();
+    let (sender, receiver) = unbounded();
+    // Stage 0 hands over its parts of steps 2 and 4 before stage 1's encoder of step 2 ends.
+    for (stage, step) in [(0, 2), (0, 4), (1, 2), (1, 4)] {
+        sender
+            .send((stage, step, Ok(parts[stage].clone())))
+            .unwrap();
+    }
+    let early = Mutex::default();
+    for step in [2, 4] {
+        let got = collect(&[0, 1], step, (&receiver, &early), TIMEOUT).unwrap();
+        let ids: Vec<_> = got.iter().map(|p| &p.ids).collect();
+        assert_eq!(ids, vec![&parts[0].ids, &parts[1].ids], "step {step}");
+    }
+    assert!(early.lock().unwrap().is_empty());
 }

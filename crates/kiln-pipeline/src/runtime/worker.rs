@@ -244,8 +244,10 @@ where
             && let Some(parts) = &links.parts
         {
             let step_state = update.rule.saved_state();
+            // The checkpoint after this step is at the next one.
             hand_over(
                 index,
+                data.step + 1,
                 (&stage.model, &update.optimizer, step_state),
                 &stage.owned_ids,
                 parts,
