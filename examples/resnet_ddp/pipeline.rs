@@ -104,6 +104,8 @@ pub fn run(
         accumulation: args.accumulation,
         check_every: args.check_every,
         gradient_checkpointing: shape.gradient_checkpointing,
+        // `--inject-fault panic-at-step:N`: the last stage panics at step N.
+        panic_at_step: args.inject_fault.map(|fault| fault.step),
         ..PipelineConfig::default()
     };
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
@@ -138,7 +140,8 @@ pub fn run(
     let build = |device: &Device| -> ResNet { crate::build_model(args, setup, device) };
     let optimizer = crate::optimizer;
     // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the
-    // checkpoint's format is the same, so either resumes the other.
+    // checkpoint's format is the same, so either resumes the other. Across processes each
+    // writes its stage's part into the shared run directory and rank 0 joins them.
     let identity = crate::checkpoints::identity(args, step_samples, steps);
     let valid_loader = DataLoader::builder(std::sync::Arc::clone(&setup.valid))
         .batch_size(256)
@@ -174,7 +177,8 @@ pub fn run(
     if let Some(flag) = &setup.stop {
         pipeline = pipeline.stop_flag(flag.clone());
     }
-    if let Some(log) = crate::checkpoints::run_log(args, &start)? {
+    // Every process sees the same losses (summed over the world): rank 0 logs them.
+    if primary && let Some(log) = crate::checkpoints::run_log(args, &start)? {
         pipeline = pipeline.observer(log);
     }
     if let Some(world) = world {

@@ -48,6 +48,9 @@ mod parts;
 #[cfg(test)]
 mod parts_tests;
 mod snapshot;
+mod stage_part_files;
+#[cfg(test)]
+mod stage_part_tests;
 mod stage_parts;
 mod store;
 #[cfg(test)]
@@ -63,5 +66,6 @@ pub use parts::PartsToCollect;
 pub use snapshot::{
     assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
 };
+pub use stage_part_files::stage_part_name;
 pub use stage_parts::{StagePart, join_model_parts};
 pub use store::{CheckpointStore, LoadedCheckpoint};

@@ -1,4 +1,5 @@
-//! Parts of a checkpoint written by other replicas (their ZeRO-1 optimizer shards).
+//! Parts of a checkpoint written by other replicas (their ZeRO-1 optimizer shards) or by
+//! pipeline stages in other processes (their [`StagePart`](crate::StagePart)s).
 //!
 //! One replica writes the checkpoint; each other replica writes its part into
 //! `dir/.parts-step-N/` (a temporary name, synced, renamed, so a part is there whole or not
@@ -7,7 +8,8 @@
 //! checkpoint becomes "latest" only once every replica's part is in it. The file system is
 //! the agreement, so this works the same for threads and for MPI processes sharing a run
 //! directory. A replica whose part cannot be written leaves a `.failed` note with the reason,
-//! which ends the wait at once.
+//! which ends the wait at once. A pipeline's stage parts are joined, not stored as they are:
+//! the writing stage takes them (`take_part`) instead of moving them.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -69,6 +71,35 @@ impl CheckpointStore {
         into: &Path,
         parts: &PartsToCollect,
     ) -> Result<Vec<u8>, CheckpointError> {
+        let part = self.wait_for_part(step, name, parts)?;
+        let bytes = fs::read(&part).map_err(CheckpointError::io(&part))?;
+        let target = into.join(name);
+        fs::rename(&part, &target).map_err(CheckpointError::io(&target))?;
+        Ok(bytes)
+    }
+
+    /// Waits for the part `name` of the checkpoint at `step` and takes its contents (the
+    /// file removed): for parts that are joined, not stored as they are.
+    pub(crate) fn take_part(
+        &self,
+        step: usize,
+        name: &str,
+        parts: &PartsToCollect,
+    ) -> Result<Vec<u8>, CheckpointError> {
+        let part = self.wait_for_part(step, name, parts)?;
+        let bytes = fs::read(&part).map_err(CheckpointError::io(&part))?;
+        fs::remove_file(&part).map_err(CheckpointError::io(&part))?;
+        Ok(bytes)
+    }
+
+    /// Waits until the part `name` of the checkpoint at `step` is there (bounded by the
+    /// timeout, ended by a failure note or the run abandoned); its path.
+    fn wait_for_part(
+        &self,
+        step: usize,
+        name: &str,
+        parts: &PartsToCollect,
+    ) -> Result<PathBuf, CheckpointError> {
         let dir = self.parts_dir(step);
         let (part, failed) = (dir.join(name), dir.join(format!("{name}.failed")));
         let start = Instant::now();
@@ -96,10 +127,7 @@ impl CheckpointStore {
             }
             std::thread::sleep(POLL);
         }
-        let bytes = fs::read(&part).map_err(CheckpointError::io(&part))?;
-        let target = into.join(name);
-        fs::rename(&part, &target).map_err(CheckpointError::io(&target))?;
-        Ok(bytes)
+        Ok(part)
     }
 
     /// Removes the part directories of steps up to `step` (their checkpoint is written).

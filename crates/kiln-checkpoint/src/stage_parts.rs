@@ -1,6 +1,7 @@
 //! A pipeline's checkpoint: each stage holds only its own parameters (the others emptied)
 //! and its optimizer only their state; the stages' parts are joined into one checkpoint of
 //! the data-parallel format, so it resumes under any plan (another split, data parallel).
+//! Stages in other processes hand their parts over as files (`stage_part_files.rs`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -92,7 +93,8 @@ impl Checkpointer {
     }
 }
 
-fn write_stages(
+/// Writes the checkpoint of `manifest` from every stage's part (in stage order).
+pub(crate) fn write_stages(
     store: &CheckpointStore,
     manifest: &mut Manifest,
     parts: Vec<StagePart>,

@@ -4,9 +4,18 @@
 //! step. A writer thread of the driver's collects every stage's part, bounded by the
 //! timeout, and joins them into one checkpoint of the data-parallel format
 //! ([`Checkpointer::stage_writer`]): it resumes under any plan.
+//!
+//! Across processes (one stage per MPI process) the stage's part becomes a file in the run
+//! directory ([`Checkpointer::stage_part_writer`]) and stage 0's writer waits for every
+//! one before it joins them and writes the manifest
+//! ([`Checkpointer::stage_writer_collecting`]): the same checkpoint as in one process.
+//! Every process waits for its write at the same step and the processes agree on the
+//! outcome ([`agree`]), so a failure in one is an error in all of them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -16,17 +25,25 @@ use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{
     CheckpointError, Checkpointer, StagePart, model_bytes, optimizer_part_bytes,
 };
+use kiln_comm::Communicator;
 use kiln_train::{StepState, TrainPosition};
 
 use crate::runtime::PipelineError;
 
-/// Where stages send their parts: `(stage, part or why it failed)`.
-pub(crate) type PartSender = Sender<(usize, Result<StagePart, String>)>;
+/// A stage's part on its way to the writer: `(stage, the checkpoint's step, the part or why
+/// it failed)`. The step matters: a stage may hand over its part of the next checkpoint
+/// before a slower stage's part of this one arrives (the encoders are threads of their own).
+pub(crate) type PartMessage = (usize, usize, Result<StagePart, String>);
+
+/// Where stages send their parts.
+pub(crate) type PartSender = Sender<PartMessage>;
 
 /// Stage `stage` hands over its `model`, `optimizer` state and step state (the loss
-/// scaler; `owned`: its parameters' ids by path), encoded on a thread of its own.
+/// scaler; `owned`: its parameters' ids by path) for the checkpoint at `step`, encoded on a
+/// thread of its own.
 pub(crate) fn hand_over<M: Module + 'static>(
     stage: usize,
+    step: usize,
     (model, optimizer, step_state): (&M, &ModuleOptimizer, StepState),
     owned: &BTreeMap<String, u64>,
     to: &PartSender,
@@ -46,65 +63,100 @@ pub(crate) fn hand_over<M: Module + 'static>(
                     step_state,
                 })
                 .map_err(|err| err.to_string());
-            let _ = sender.send((stage, part));
+            let _ = sender.send((stage, step, part));
         });
     if let Err(err) = spawned {
-        let _ = to.send((stage, Err(format!("starting its encoder: {err}"))));
+        let _ = to.send((stage, step, Err(format!("starting its encoder: {err}"))));
     }
 }
 
 /// The driver's checkpoint writes, one at a time.
-pub(crate) struct Writes {
-    parts: Receiver<(usize, Result<StagePart, String>)>,
+pub(crate) struct Writes<'w> {
+    parts: Receiver<PartMessage>,
+    /// Parts of a later checkpoint that arrived while an earlier one was collected.
+    early: Arc<Mutex<Vec<PartMessage>>>,
     stages: usize,
     timeout: Duration,
+    /// With stages in other processes: the world (one stage per process; ranks `0..stages`
+    /// the first pipeline, whose stages write), over which every write's outcome is agreed,
+    /// and the flag that ends stage 0's wait for the others.
+    across: Option<(&'w Communicator, Arc<AtomicBool>)>,
     writing: Option<JoinHandle<Result<PathBuf, PipelineError>>>,
 }
 
-impl Writes {
+/// What writes one checkpoint from the parts of this process's stages (in stage order).
+type Write = Box<dyn FnOnce(Vec<StagePart>) -> Result<PathBuf, CheckpointError> + Send>;
+
+impl<'w> Writes<'w> {
     /// Writes collecting `stages` parts from `parts`, waiting at most `timeout` for each.
-    pub(crate) fn new(
-        parts: Receiver<(usize, Result<StagePart, String>)>,
-        stages: usize,
-        timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(parts: Receiver<PartMessage>, stages: usize, timeout: Duration) -> Self {
         Self {
             parts,
+            early: Arc::default(),
             stages,
             timeout,
+            across: None,
             writing: None,
         }
     }
 
-    /// Starts writing the checkpoint at `position` once the previous one is written.
+    /// Across processes, one stage per process of `world`: this process's stage writes its
+    /// part as a file and stage 0 joins every part into the checkpoint (waiting for the
+    /// others until the timeout, or until `abandoned` is raised); every write's outcome is
+    /// agreed over `world` when it is waited for.
+    pub(crate) fn across(mut self, world: &'w Communicator, abandoned: Arc<AtomicBool>) -> Self {
+        self.across = Some((world, abandoned));
+        self
+    }
+
+    /// Starts writing the checkpoint at `position` once the previous one is written (and,
+    /// across processes, agreed).
     ///
     /// # Errors
-    /// The previous write's error.
+    /// The previous write's error (across processes: any process's).
     pub(crate) fn start(
         &mut self,
         checkpointer: &Checkpointer,
         position: &TrainPosition,
     ) -> Result<(), PipelineError> {
         self.wait()?;
-        let write = checkpointer.stage_writer(position);
-        let (parts, stages, timeout) = (self.parts.clone(), self.stages, self.timeout);
+        // The stages whose parts this process holds, and what writes them.
+        let (local, write): (Vec<usize>, Write) = match &self.across {
+            None => (
+                (0..self.stages).collect(),
+                Box::new(checkpointer.stage_writer(position)),
+            ),
+            Some((world, abandoned)) if world.rank() == 0 => {
+                let write = checkpointer.stage_writer_collecting(
+                    position,
+                    self.stages,
+                    self.timeout,
+                    Arc::clone(abandoned),
+                );
+                (vec![0], Box::new(move |mut parts| write(parts.remove(0))))
+            }
+            // A copy of a later data-parallel pipeline: the first pipeline's stages write the
+            // checkpoint (every copy holds the same parameters); this process only agrees.
+            Some((world, _)) if world.rank() >= self.stages => {
+                let path = checkpointer.store().path_for(position.step);
+                (Vec::new(), Box::new(move |_| Ok(path)))
+            }
+            Some((world, _)) => {
+                let rank = world.rank();
+                let write = checkpointer.stage_part_writer(position, rank, self.stages);
+                (
+                    vec![rank],
+                    Box::new(move |mut parts| write(parts.remove(0))),
+                )
+            }
+        };
+        let (parts, timeout) = (self.parts.clone(), self.timeout);
+        let early = Arc::clone(&self.early);
         let step = position.step;
         let handle = std::thread::Builder::new()
             .name("kiln-pipeline-checkpoint-writer".into())
             .spawn(move || {
-                let mut got: Vec<Option<StagePart>> = (0..stages).map(|_| None).collect();
-                for _ in 0..stages {
-                    let (stage, part) = parts.recv_timeout(timeout).map_err(|_| {
-                        PipelineError::Checkpoint(format!(
-                            "step {step}: a stage's part did not arrive within {timeout:?}"
-                        ))
-                    })?;
-                    let part = part.map_err(|err| {
-                        PipelineError::Checkpoint(format!("step {step}: stage {stage}: {err}"))
-                    })?;
-                    got[stage] = Some(part);
-                }
-                let parts = got.into_iter().map(|p| p.expect("one per stage")).collect();
+                let parts = collect(&local, step, (&parts, &early), timeout)?;
                 write(parts)
                     .map_err(|err: CheckpointError| PipelineError::Checkpoint(err.to_string()))
             })
@@ -113,21 +165,132 @@ impl Writes {
         Ok(())
     }
 
-    /// Waits for the write under way, if any; the checkpoint it wrote.
+    /// Waits for the write under way, if any; the checkpoint it wrote. Across processes
+    /// every process waits here at the same step and they agree: a write that failed in one
+    /// process is an error in all of them.
     ///
     /// # Errors
-    /// That write's error.
+    /// That write's error (across processes: any process's).
     pub(crate) fn wait(&mut self) -> Result<Option<PathBuf>, PipelineError> {
-        match self.writing.take() {
-            None => Ok(None),
-            Some(handle) => handle
-                .join()
-                .unwrap_or_else(|_| {
-                    Err(PipelineError::Checkpoint(
-                        "the checkpoint writer panicked".into(),
-                    ))
-                })
-                .map(Some),
+        let Some(handle) = self.writing.take() else {
+            return Ok(None);
+        };
+        let written = handle.join().unwrap_or_else(|_| {
+            Err(PipelineError::Checkpoint(
+                "the checkpoint writer panicked".into(),
+            ))
+        });
+        match &self.across {
+            None => written.map(Some),
+            Some((world, _)) => agree(world, written).map(Some),
         }
     }
+}
+
+/// The parts of the checkpoint at `step` of the `local` stages (in that order): those that
+/// arrived early first, then from `parts` (each within `timeout`); parts of a later
+/// checkpoint are kept in `early` for its write.
+pub(crate) fn collect(
+    local: &[usize],
+    step: usize,
+    (parts, early): (&Receiver<PartMessage>, &Mutex<Vec<PartMessage>>),
+    timeout: Duration,
+) -> Result<Vec<StagePart>, PipelineError> {
+    let mut got: Vec<Option<StagePart>> = local.iter().map(|_| None).collect();
+    let mut early = early.lock().unwrap_or_else(|p| p.into_inner());
+    let mut waiting = std::mem::take(&mut *early).into_iter();
+    while got.iter().any(Option::is_none) {
+        let (stage, at, part) = match waiting.next() {
+            Some(message) => message,
+            None => parts.recv_timeout(timeout).map_err(|_| {
+                PipelineError::Checkpoint(format!(
+                    "step {step}: a stage's part did not arrive within {timeout:?}"
+                ))
+            })?,
+        };
+        if at != step {
+            early.push((stage, at, part));
+            continue;
+        }
+        let part = part.map_err(|err| {
+            PipelineError::Checkpoint(format!("step {step}: stage {stage}: {err}"))
+        })?;
+        let slot = local.iter().position(|&s| s == stage).ok_or_else(|| {
+            PipelineError::Checkpoint(format!(
+                "step {step}: a part of stage {stage}, which runs elsewhere"
+            ))
+        })?;
+        got[slot] = Some(part);
+    }
+    early.extend(waiting);
+    Ok(got.into_iter().flatten().collect())
+}
+
+/// `outcome` agreed over `world`: an error if any process's is one (its own error on the
+/// process that failed, one naming the first failed process on the others).
+///
+/// # Errors
+/// The failure, or [`PipelineError::PeerLost`] if the processes cannot agree (bounded by
+/// the communicator's timeout).
+pub(crate) fn agree<T>(
+    world: &Communicator,
+    outcome: Result<T, PipelineError>,
+) -> Result<T, PipelineError> {
+    let (rank, size) = (world.rank(), world.world_size());
+    // The lowest failed rank, as `size - rank` under a maximum (0: none failed).
+    let mut failed = [if outcome.is_err() {
+        (size - rank) as f32
+    } else {
+        0.0
+    }];
+    world
+        .all_reduce(&mut failed, kiln_comm::ReduceOp::Max)
+        .map_err(|err| PipelineError::PeerLost {
+            stage: rank,
+            what: format!("the other processes' checkpoint outcome ({err})"),
+        })?;
+    match outcome {
+        Err(err) => Err(err),
+        Ok(_) if failed[0] > 0.0 => Err(PipelineError::Checkpoint(format!(
+            "the checkpoint failed in process {} (its stage's error is reported there)",
+            size - failed[0] as usize
+        ))),
+        Ok(value) => Ok(value),
+    }
+}
+
+/// Where a run across the processes of `world` starts (`start`: this process's reading of
+/// the checkpoint, or a fresh run's start), agreed: every process starts at the same step,
+/// or every one fails. Stage 0 first removes the parts an interrupted run left behind:
+/// no stage of this run writes one before this agreement.
+///
+/// # Errors
+/// Any process's error reading the checkpoint, processes that would start at different
+/// steps (another checkpoint, or none), or [`PipelineError::PeerLost`].
+pub(crate) fn agree_start(
+    world: &Communicator,
+    checkpointer: Option<&Checkpointer>,
+    start: Result<TrainPosition, PipelineError>,
+) -> Result<TrainPosition, PipelineError> {
+    if world.rank() == 0
+        && let Some(checkpointer) = checkpointer
+    {
+        checkpointer.remove_stale_parts();
+    }
+    let start = agree(world, start)?;
+    // The first and the last step any process starts at, under one maximum.
+    let mut steps = [start.step as f32, -(start.step as f32)];
+    world
+        .all_reduce(&mut steps, kiln_comm::ReduceOp::Max)
+        .map_err(|err| PipelineError::PeerLost {
+            stage: world.rank(),
+            what: format!("the other processes' start ({err})"),
+        })?;
+    if steps[0] != -steps[1] {
+        return Err(PipelineError::Checkpoint(format!(
+            "the processes would start at different steps ({} to {}): every process must resume the same checkpoint",
+            -steps[1], steps[0]
+        )));
+    }
+    Ok(start)
 }

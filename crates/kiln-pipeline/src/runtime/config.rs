@@ -57,6 +57,9 @@ pub struct PipelineConfig {
     /// activations are recomputed in backward instead of kept (the planner's memory lever).
     /// The loader's batches belong on [`PipelineConfig::train_device`] of the first stage's.
     pub gradient_checkpointing: bool,
+    /// Fault injection, for testing what a failing stage does to a run (and a resume after
+    /// it): the last stage panics when it takes this step (default `None`: never).
+    pub panic_at_step: Option<usize>,
 }
 
 impl Default for PipelineConfig {
@@ -74,6 +77,7 @@ impl Default for PipelineConfig {
             accumulation: 1,
             check_every: 0,
             gradient_checkpointing: false,
+            panic_at_step: None,
         }
     }
 }

@@ -23,7 +23,8 @@ pub(crate) struct ToStages<'a, B> {
     pub threads: &'a [usize],
     /// Stage threads over all processes (D × P).
     pub total: usize,
-    /// With stages in other processes: the world, over which each step's loss sums.
+    /// With stages in other processes: the world, over which each step's loss sums and
+    /// every stop is agreed.
     pub across: Option<&'a Communicator>,
     pub done: &'a Receiver<StepDone>,
     pub abort: &'a Abort,
@@ -46,13 +47,13 @@ pub(crate) struct Driven {
 }
 
 /// Where the run starts and ends, and what goes on around its steps.
-pub(crate) struct Around<'a, B> {
+pub(crate) struct Around<'a, 'w, B> {
     /// Where it starts (a resumed run: the checkpoint's position).
     pub start: TrainPosition,
     /// The step it ends at.
     pub steps: usize,
     /// Checkpoints, and the writes under way.
-    pub checkpoints: Option<(&'a Checkpointer, &'a mut Writes)>,
+    pub checkpoints: Option<(&'a Checkpointer, &'a mut Writes<'w>)>,
     pub stop: Option<&'a StopFlag>,
     pub observer: Option<&'a mut dyn TrainObserver>,
     /// Validation data, run through the first pipeline after every epoch.
@@ -78,7 +79,7 @@ pub(crate) fn drive<S: BatchSource + ?Sized>(
     config: &PipelineConfig,
     schedule: &LrSchedule,
     loader: &mut S,
-    around: Around<'_, S::Batch>,
+    around: Around<'_, '_, S::Batch>,
     to_stages: &ToStages<'_, S::Batch>,
 ) -> Result<Driven, PipelineError> {
     let &ToStages {
@@ -144,7 +145,7 @@ pub(crate) fn drive<S: BatchSource + ?Sized>(
         }
         let data_wait = waiting.elapsed();
         let finished = step + 1 == steps;
-        let stopping = stop.is_some_and(StopFlag::is_requested);
+        let stopping = agree_to_stop(across, stop.is_some_and(StopFlag::is_requested))?;
         let mut next = TrainPosition {
             step: step + 1,
             epoch: position.epoch,
@@ -169,6 +170,7 @@ pub(crate) fn drive<S: BatchSource + ?Sized>(
                 step,
                 save,
                 check,
+                panic: config.panic_at_step == Some(step),
                 evaluate: false,
             };
             if sender.send(data).is_err() {
@@ -299,6 +301,7 @@ fn validate<B: Batch>(
                 step: 0,
                 save: false,
                 check: false,
+                panic: false,
                 evaluate: true,
             };
             if sender.send(data).is_err() {
@@ -346,6 +349,23 @@ fn sum_across(
             what: format!("the other processes' step results ({err})"),
         })?;
     Ok((f64::from(values[0]), values[1] as usize))
+}
+
+/// Whether to stop after this step: `asked` here, or across processes in any of them (a
+/// signal may reach some of them only, or not at once), so that every one stops, and
+/// saves, at the same step.
+fn agree_to_stop(across: Option<&Communicator>, asked: bool) -> Result<bool, PipelineError> {
+    let Some(world) = across else {
+        return Ok(asked);
+    };
+    let mut flag = [if asked { 1.0f32 } else { 0.0 }];
+    world
+        .all_reduce(&mut flag, kiln_comm::ReduceOp::Max)
+        .map_err(|err| PipelineError::PeerLost {
+            stage: 0,
+            what: format!("the other processes' stop requests ({err})"),
+        })?;
+    Ok(flag[0] > 0.0)
 }
 
 /// Adds `times` element-wise into `total` (which starts empty).

@@ -49,6 +49,11 @@ impl Abort {
         self.0.store(true, Ordering::SeqCst);
     }
 
+    /// The flag itself, for waits outside this crate (a checkpoint's parts).
+    pub(crate) fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0)
+    }
+
     fn raised(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }

@@ -26,6 +26,8 @@ pub use report::{PipelineReport, StageReport};
 pub use train::Pipeline;
 
 #[cfg(test)]
+mod checkpoint_tests;
+#[cfg(test)]
 mod objective_tests;
 #[cfg(test)]
 mod options_tests;

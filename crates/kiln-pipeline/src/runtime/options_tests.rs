@@ -1,5 +1,5 @@
 //! Gradient accumulation (one flush over every accumulated micro-batch) and the divergence
-//! check of data-parallel pipelines.
+//! check of data-parallel pipelines, and the injected fault.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -102,4 +102,26 @@ fn data_parallel_copies_that_differ_are_caught_by_the_divergence_check() {
         matches!(err, PipelineError::Diverged { step: 0, .. }),
         "{err}"
     );
+}
+
+#[test]
+fn an_injected_fault_fails_the_last_stage_at_its_step_and_no_other() {
+    let config = |step| PipelineConfig {
+        micro_batches: 2,
+        panic_at_step: Some(step),
+        timeout: std::time::Duration::from_secs(60),
+        ..PipelineConfig::default()
+    };
+    let run = |step| {
+        Pipeline::new(vec![Device::flex(); 2])
+            .config(config(step))
+            .train(build, sgd, &LrSchedule::constant(0.1), &mut shuffled(12), 2)
+    };
+    let err = run(1).expect_err("the fault fails the run");
+    assert!(
+        matches!(&err, PipelineError::Stage { stage: 1, message } if message.contains("injected fault at step 1")),
+        "{err}"
+    );
+    // A step the run never takes: no fault.
+    assert_eq!(run(5).unwrap().losses.len(), 2);
 }

@@ -12,7 +12,7 @@ use kiln_core::{Segmented, panic_message};
 use kiln_data::BatchSource;
 use kiln_train::{Classification, LrSchedule, Objective, StopFlag, TrainObserver, TrainPosition};
 
-use crate::runtime::checkpoint::Writes;
+use crate::runtime::checkpoint::{Writes, agree_start};
 use crate::runtime::driver::{Around, ToStages, drive};
 use crate::runtime::groups::{StageGroups, stage_groups};
 use crate::runtime::mailbox::{Abort, Mailbox};
@@ -149,7 +149,10 @@ impl<O: Objective> Pipeline<O> {
     /// the processes; rank 0's report holds the first pipeline's trained parameters. A
     /// failing stage ends the MPI job. Clipping and mixed precision (bf16, f16 with its loss
     /// scaler) work as in one process: each pipeline's stages agree on the whole gradient's
-    /// norm and overflow. Not yet across processes: checkpoints.
+    /// norm and overflow. Checkpoints work too: each stage of the first pipeline writes its
+    /// part into the shared run directory, rank 0 joins them into the checkpoint one process
+    /// would write (resumable either way), every process agrees on each write's outcome and
+    /// on a stop; a resume reads the same checkpoint in every process.
     #[cfg(feature = "mpi")]
     pub fn across_processes(mut self, world: Communicator) -> Self {
         self.processes = Some(world);
@@ -195,7 +198,12 @@ impl<O: Objective> Pipeline<O> {
         S: BatchSource<Batch = O::Batch> + ?Sized,
     {
         self.config.validate()?;
-        let start = self.resume_position()?;
+        let start = self.resume_position();
+        // Across processes every one starts at the same step (or every one fails).
+        let start = match &self.processes {
+            Some(world) => agree_start(world, self.checkpointer.as_ref(), start)?,
+            None => start?,
+        };
         let groups = self.config.data_parallel;
         let total = self.devices.len();
         if total == 0 {
@@ -267,8 +275,11 @@ impl<O: Objective> Pipeline<O> {
         let mut step_receivers = step_receivers.into_iter();
         let (done_sender, done_receiver) = unbounded();
         let (part_sender, part_receiver) = unbounded();
-        let mut writes = Writes::new(part_receiver, stages, timeout);
         let abort = Abort::default();
+        let mut writes = Writes::new(part_receiver, stages, timeout);
+        if let Some(world) = &self.processes {
+            writes = writes.across(world, abort.flag());
+        }
         std::thread::scope(|scope| {
             // Across processes, the local stage's sends to the others go through link threads.
             #[cfg(feature = "mpi")]
@@ -392,22 +403,7 @@ impl<O: Objective> Pipeline<O> {
         crate::runtime::processes::check(world, stages, groups)?;
         #[cfg(not(feature = "mpi"))]
         let _ = (world, stages, groups);
-        // Clipping and mixed precision work: the stages agree over the world.
-        let unsupported = [(
-            self.checkpointer.is_some() || self.resume.is_some(),
-            "checkpoints",
-        )];
-        let named: Vec<&str> = unsupported
-            .iter()
-            .filter(|(on, _)| *on)
-            .map(|(_, name)| *name)
-            .collect();
-        if !named.is_empty() {
-            return Err(PipelineError::Config(format!(
-                "{} across processes: not built yet (in one process they work)",
-                named.join(", ")
-            )));
-        }
+        // Clipping, mixed precision and checkpoints work: the stages agree over the world.
         Ok(())
     }
 

@@ -36,6 +36,8 @@ pub(crate) struct StepData<B = ImageBatch> {
     pub evaluate: bool,
     /// Whether the data-parallel copies of each stage compare their parameters after it.
     pub check: bool,
+    /// The last stage panics at this step (fault injection, `PipelineConfig::panic_at_step`).
+    pub panic: bool,
 }
 
 /// What a stage reports after a step.
@@ -108,6 +110,12 @@ where
                 break; // the driver stopped
             }
             continue;
+        }
+        if data.panic && index + 1 == schedule.stages() {
+            panic!(
+                "injected fault at step {} (PipelineConfig::panic_at_step)",
+                data.step
+            );
         }
         let sizes: Vec<usize> = data.micro_batches.iter().map(Batch::samples).collect();
         let mut report = StepDone {
@@ -246,8 +254,10 @@ where
             && let Some(parts) = &links.parts
         {
             let step_state = update.rule.saved_state();
+            // The checkpoint after this step is at the next one.
             hand_over(
                 index,
+                data.step + 1,
                 (&stage.model, &update.optimizer, step_state),
                 &stage.owned_ids,
                 parts,
