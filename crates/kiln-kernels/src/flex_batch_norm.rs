@@ -6,7 +6,8 @@
 //! whole activation to channels-first (a full copy) several times per layer. Here each
 //! channel's sums run in f64 in an order fixed by the shape (so they do not depend on the
 //! thread count and lose nothing to cancellation), and the work is split by channel or by
-//! plane.
+//! plane. The passes run under [`simd`](crate::simd) (AVX-512 where present; the same bits
+//! at any width).
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
@@ -14,6 +15,7 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{DType, Shape, TensorData};
 use rayon::prelude::*;
 
+use crate::simd::simd;
 use crate::zeroed::zeroed;
 
 type FlexTensor = FloatTensor<Flex>;
@@ -49,6 +51,7 @@ fn cast(tensor: FlexTensor, dtype: DType) -> FlexTensor {
 }
 
 /// The planes of channel `channel`, image by image.
+#[inline(always)]
 fn planes(
     x: &[f32],
     channels: usize,
@@ -65,6 +68,7 @@ const LANES: usize = 8;
 
 /// `Σ term(v)` over `values` in [`LANES`] interleaved partial sums, added in a fixed order at
 /// the end: the same result on any CPU and for any thread count.
+#[inline(always)]
 fn sum_in_lanes(values: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let mut lanes = [0.0f64; LANES];
     let chunks = values.chunks_exact(LANES);
@@ -82,6 +86,7 @@ fn sum_in_lanes(values: &[f32], term: impl Fn(f32) -> f64) -> f64 {
 
 /// `(Σ g, Σ g·(x − m)·s)` over a plane of `xs` and its gradient `gs`, in lanes as
 /// [`sum_in_lanes`].
+#[inline(always)]
 fn gradient_sums_in_lanes(xs: &[f32], gs: &[f32], m: f64, s: f64) -> (f64, f64) {
     let (mut dy, mut dyx) = ([0.0f64; LANES], [0.0f64; LANES]);
     let (x_chunks, g_chunks) = (xs.chunks_exact(LANES), gs.chunks_exact(LANES));
@@ -100,6 +105,7 @@ fn gradient_sums_in_lanes(xs: &[f32], gs: &[f32], m: f64, s: f64) -> (f64, f64) 
 }
 
 /// The lanes' total, pairwise.
+#[inline(always)]
 fn add_lanes(l: [f64; LANES]) -> f64 {
     ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
@@ -137,14 +143,19 @@ pub(crate) fn forward(
     let stats: Vec<(f64, f64)> = (0..channels)
         .into_par_iter()
         .map(|channel| {
-            let sum: f64 = planes(x, channels, plane, channel)
-                .map(|p| sum_in_lanes(p, |v| v as f64))
-                .sum();
-            let mean = sum / count;
-            let squares: f64 = planes(x, channels, plane, channel)
-                .map(|p| sum_in_lanes(p, |v| (v as f64 - mean).powi(2)))
-                .sum();
-            (mean, squares / count)
+            simd(
+                #[inline(always)]
+                || {
+                    let sum: f64 = planes(x, channels, plane, channel)
+                        .map(|p| sum_in_lanes(p, |v| v as f64))
+                        .sum();
+                    let mean = sum / count;
+                    let squares: f64 = planes(x, channels, plane, channel)
+                        .map(|p| sum_in_lanes(p, |v| (v as f64 - mean) * (v as f64 - mean)))
+                        .sum();
+                    (mean, squares / count)
+                },
+            )
         })
         .collect();
     // y = (x − μ)·a + β with a = γ/√(σ²+ε).
@@ -163,9 +174,14 @@ pub(crate) fn forward(
         .enumerate()
         .for_each(|(index, (out, input))| {
             let (mean, scale, shift) = affine[index % channels];
-            out.iter_mut()
-                .zip(input)
-                .for_each(|(o, &v)| *o = (v - mean) * scale + shift);
+            simd(
+                #[inline(always)]
+                || {
+                    out.iter_mut()
+                        .zip(input)
+                        .for_each(|(o, &v)| *o = (v - mean) * scale + shift)
+                },
+            );
         });
     let (means, variances): (Vec<f32>, Vec<f32>) =
         stats.iter().map(|&(m, v)| (m as f32, v as f32)).unzip();
@@ -210,12 +226,17 @@ pub(crate) fn backward(
         .into_par_iter()
         .map(|channel| {
             let (m, s) = (mean[channel] as f64, inv_std[channel]);
-            planes(x, channels, plane, channel)
-                .zip(planes(grad, channels, plane, channel))
-                .fold((0.0, 0.0), |(dy, dyx), (xs, gs)| {
-                    let (a, b) = gradient_sums_in_lanes(xs, gs, m, s);
-                    (dy + a, dyx + b)
-                })
+            simd(
+                #[inline(always)]
+                || {
+                    planes(x, channels, plane, channel)
+                        .zip(planes(grad, channels, plane, channel))
+                        .fold((0.0, 0.0), |(dy, dyx), (xs, gs)| {
+                            let (a, b) = gradient_sums_in_lanes(xs, gs, m, s);
+                            (dy + a, dyx + b)
+                        })
+                },
+            )
         })
         .collect();
     let count = (images * plane) as f64;
@@ -236,9 +257,14 @@ pub(crate) fn backward(
         .enumerate()
         .for_each(|(index, (dx, (xs, gs)))| {
             let (m, a, b, c) = coefficients[index % channels];
-            dx.iter_mut()
-                .zip(xs.iter().zip(gs))
-                .for_each(|(d, (&v, &g))| *d = g * a + (v - m) * b + c);
+            simd(
+                #[inline(always)]
+                || {
+                    dx.iter_mut()
+                        .zip(xs.iter().zip(gs))
+                        .for_each(|(d, (&v, &g))| *d = g * a + (v - m) * b + c)
+                },
+            );
         });
     let (beta_grad, gamma_grad): (Vec<f32>, Vec<f32>) = sums
         .iter()

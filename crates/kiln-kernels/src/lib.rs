@@ -42,6 +42,7 @@ mod norm_extension;
 mod shifted;
 #[cfg(test)]
 mod shifted_tests;
+mod simd;
 mod winograd;
 #[cfg(test)]
 mod winograd_tests;

@@ -13,6 +13,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::simd::simd;
+
 use crate::im2col::ConvDims;
 
 /// Points of a transformed 4×4 tile.
@@ -49,15 +51,6 @@ impl Tiling {
     pub fn per_image(self) -> usize {
         self.rows * self.cols
     }
-}
-
-/// Runs `body` compiled for the widest instruction set this CPU offers (AVX-512 where
-/// present), so that its element-wise loops vectorize to that width. `body` must be an
-/// `#[inline(always)]` closure: otherwise it stays a function of its own, compiled for the
-/// crate's baseline (SSE2), and only the call sits in the dispatched code.
-#[inline(always)]
-fn simd<R>(body: impl FnOnce() -> R) -> R {
-    pulp::Arch::new().dispatch(body)
 }
 
 #[inline(always)]
