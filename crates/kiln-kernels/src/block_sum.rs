@@ -66,28 +66,25 @@ pub(crate) fn sum_over_blocks<S>(
 #[cfg(test)]
 mod tests {
     use super::sum_over_blocks;
+    use crate::test_support::in_pool;
 
     #[test]
     fn every_block_is_added_once_in_any_pool() {
         for blocks in [0, 1, 5, 8, 9, 23] {
             let run = |threads: usize| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("a pool")
-                    .install(|| {
-                        sum_over_blocks(
-                            blocks,
-                            3,
-                            || (),
-                            |partial, accumulate, index, _| {
-                                for (k, p) in partial.iter_mut().enumerate() {
-                                    let value = (index * 3 + k) as f32 * 0.1;
-                                    *p = if accumulate { *p + value } else { value };
-                                }
-                            },
-                        )
-                    })
+                in_pool(threads, || {
+                    sum_over_blocks(
+                        blocks,
+                        3,
+                        || (),
+                        |partial, accumulate, index, _| {
+                            for (k, p) in partial.iter_mut().enumerate() {
+                                let value = (index * 3 + k) as f32 * 0.1;
+                                *p = if accumulate { *p + value } else { value };
+                            }
+                        },
+                    )
+                })
             };
             let expected: Vec<f32> = (0..3)
                 .map(|k| (0..blocks).map(|i| (i * 3 + k) as f32).sum::<f32>())
@@ -109,23 +106,19 @@ mod tests {
     fn long_sums_add_every_group_in_any_pool() {
         let len = 40_000;
         let run = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .expect("a pool")
-                .install(|| {
-                    sum_over_blocks(
-                        11,
-                        len,
-                        || (),
-                        |partial, accumulate, index, _| {
-                            for (k, p) in partial.iter_mut().enumerate() {
-                                let value = ((index * 7 + k) % 13) as f32;
-                                *p = if accumulate { *p + value } else { value };
-                            }
-                        },
-                    )
-                })
+            in_pool(threads, || {
+                sum_over_blocks(
+                    11,
+                    len,
+                    || (),
+                    |partial, accumulate, index, _| {
+                        for (k, p) in partial.iter_mut().enumerate() {
+                            let value = ((index * 7 + k) % 13) as f32;
+                            *p = if accumulate { *p + value } else { value };
+                        }
+                    },
+                )
+            })
         };
         let one = run(1);
         for (k, got) in one.iter().enumerate() {

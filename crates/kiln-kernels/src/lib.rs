@@ -43,6 +43,8 @@ mod shifted;
 #[cfg(test)]
 mod shifted_tests;
 mod simd;
+#[cfg(test)]
+mod test_support;
 mod winograd;
 #[cfg(test)]
 mod winograd_tests;

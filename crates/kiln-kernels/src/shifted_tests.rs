@@ -4,28 +4,7 @@ use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
 use crate::shifted;
-
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn relative_error(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let worst = a
-        .iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-    worst / scale
-}
+use crate::test_support::{in_pool, relative_error, values};
 
 fn dims(channels: usize, input: [usize; 2], kernel: [usize; 2], g: ConvGeometry) -> ConvDims {
     ConvDims {
@@ -129,16 +108,12 @@ fn results_do_not_depend_on_the_thread_count() {
     let weight = values(out_channels * d.rows(), 5);
     let grad = values(batch * out_channels * d.positions(), 6);
     let run = |threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a pool")
-            .install(|| {
-                (
-                    shifted::forward(&x, &weight, &d, batch, out_channels),
-                    shifted::weight_gradient(&x, &grad, &d, batch, out_channels),
-                )
-            })
+        in_pool(threads, || {
+            (
+                shifted::forward(&x, &weight, &d, batch, out_channels),
+                shifted::weight_gradient(&x, &grad, &d, batch, out_channels),
+            )
+        })
     };
     assert_eq!(run(1), run(3));
 }
