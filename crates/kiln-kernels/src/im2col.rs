@@ -228,6 +228,7 @@ pub(crate) fn col2im(columns: &[f32], dims: &ConvDims, images: Range<usize>, dx:
 mod tests {
     use super::{ConvDims, col2im, im2col};
     use crate::geometry::ConvGeometry;
+    use crate::test_support::conv_dims as dims;
 
     /// Column matrix by the definition, one element at a time.
     fn naive_im2col(x: &[f32], dims: &ConvDims, images: std::ops::Range<usize>) -> Vec<f32> {
@@ -263,16 +264,6 @@ mod tests {
             }
         }
         out
-    }
-
-    fn dims(channels: usize, input: [usize; 2], kernel: [usize; 2], g: ConvGeometry) -> ConvDims {
-        ConvDims {
-            channels,
-            input,
-            kernel,
-            output: g.output_size(input, kernel).expect("valid shape"),
-            geometry: g,
-        }
     }
 
     fn cases() -> Vec<ConvDims> {

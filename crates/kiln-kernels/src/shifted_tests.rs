@@ -4,17 +4,7 @@ use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
 use crate::shifted;
-use crate::test_support::{in_pool, relative_error, values};
-
-fn dims(channels: usize, input: [usize; 2], kernel: [usize; 2], g: ConvGeometry) -> ConvDims {
-    ConvDims {
-        channels,
-        input,
-        kernel,
-        output: g.output_size(input, kernel).expect("valid shape"),
-        geometry: g,
-    }
-}
+use crate::test_support::{conv_dims as dims, fastest_ms, in_pool, relative_error, values};
 
 /// (dims, out channels, batch): every case takes the shifted path.
 fn cases() -> Vec<(ConvDims, usize, usize)> {
@@ -123,7 +113,6 @@ fn results_do_not_depend_on_the_thread_count() {
 #[test]
 #[ignore]
 fn shifted_speed() {
-    use std::time::Instant;
     let batch = 32;
     for (c, size) in [(16usize, 32usize), (32, 16), (64, 32)] {
         let d = dims(
@@ -135,16 +124,7 @@ fn shifted_speed() {
         let x = values(batch * d.image_len(), 1);
         let weight = values(c * d.rows(), 2);
         let grad = values(batch * c * d.positions(), 3);
-        let time = |f: &dyn Fn() -> Vec<f32>| {
-            f();
-            (0..5)
-                .map(|_| {
-                    let start = Instant::now();
-                    std::hint::black_box(f());
-                    start.elapsed().as_secs_f64() * 1e3
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
+        let time = fastest_ms;
         let sf = time(&|| shifted::forward(&x, &weight, &d, batch, c));
         let gf = time(&|| im2col_forward(&x, &weight, &d, batch, c));
         let sw = time(&|| shifted::weight_gradient(&x, &grad, &d, batch, c));

@@ -1,5 +1,28 @@
-//! What the kernels' tests share: reproducible inputs, the relative error they are held to,
-//! and runs in pools of a given size.
+//! What the kernels' tests share: convolution sizes, reproducible inputs, the relative error
+//! they are held to, runs in pools of a given size, and the speed tests' timing.
+
+use crate::geometry::ConvGeometry;
+use crate::im2col::ConvDims;
+
+/// The sizes of a convolution of `channels` channels, `input` and `kernel` under `g`.
+///
+/// # Panics
+///
+/// If the padded input is smaller than the kernel.
+pub(crate) fn conv_dims(
+    channels: usize,
+    input: [usize; 2],
+    kernel: [usize; 2],
+    g: ConvGeometry,
+) -> ConvDims {
+    ConvDims {
+        channels,
+        input,
+        kernel,
+        output: g.output_size(input, kernel).expect("valid shape"),
+        geometry: g,
+    }
+}
 
 /// Reproducible values in [-1, 1).
 pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -34,4 +57,16 @@ pub(crate) fn in_pool<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) 
         .build()
         .expect("a thread pool")
         .install(work)
+}
+
+/// The fastest of 5 runs of `f` (after one warm-up), in milliseconds.
+pub(crate) fn fastest_ms(f: &dyn Fn() -> Vec<f32>) -> f64 {
+    f();
+    (0..5)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            std::hint::black_box(f());
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .fold(f64::INFINITY, f64::min)
 }

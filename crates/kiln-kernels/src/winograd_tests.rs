@@ -5,7 +5,7 @@
 use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
-use crate::test_support::{in_pool, relative_error, values};
+use crate::test_support::{fastest_ms, in_pool, relative_error, values};
 use crate::winograd::{self, MIN_CHANNELS, MIN_OUTPUT};
 
 const TOLERANCE: f32 = 1e-5;
@@ -136,7 +136,6 @@ fn only_unit_stride_3x3_kernels_with_enough_channels_take_winograd() {
 #[test]
 #[ignore]
 fn winograd_speed() {
-    use std::time::Instant;
     let batch = 32;
     // ResNet-18's 3x3 unit-stride shapes at widths 64 and 16.
     for (c, size) in [
@@ -153,16 +152,7 @@ fn winograd_speed() {
         let x = values(batch * d.image_len(), 1);
         let weight = values(c * c * 9, 2);
         let grad = values(batch * c * d.positions(), 3);
-        let time = |f: &dyn Fn() -> Vec<f32>| {
-            f();
-            (0..5)
-                .map(|_| {
-                    let start = Instant::now();
-                    std::hint::black_box(f());
-                    start.elapsed().as_secs_f64() * 1e3
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
+        let time = fastest_ms;
         let wf = time(&|| winograd::forward(&x, &weight, &d, batch, c));
         let gf = time(&|| im2col_forward(&x, &weight, &d, batch, c));
         let ww = time(&|| winograd::weight_gradient(&x, &grad, &d, batch, c));
