@@ -23,7 +23,9 @@ fn every_segment_is_timed_and_sized() {
     let device = Device::flex().autodiff();
     let model = model(&device);
     let batch = 6;
-    let images = Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+    let images = kiln_core::with_seed(&device, 1, || {
+        Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device)
+    });
     let labels = Tensor::<1, Int>::from_ints([0, 1, 2, 3, 0, 1], &device);
     let options = ProfileOptions {
         runs: 3,
@@ -80,8 +82,9 @@ fn kept_activations_grow_with_the_batch() {
     let device = Device::flex().autodiff();
     let model = model(&device);
     let run = |batch: usize| {
-        let images =
-            Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+        let images = kiln_core::with_seed(&device, 1, || {
+            Tensor::<4>::random([batch, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device)
+        });
         let labels = Tensor::<1, Int>::zeros([batch], &device);
         profile_segments(&model, images, labels, &ProfileOptions::default()).unwrap()
     };
@@ -118,7 +121,9 @@ fn an_update_costs_a_positive_time_per_byte() {
     let _alone = crate::memory::MEASURING.lock();
     let device = Device::flex().autodiff();
     let model = model(&device);
-    let images = Tensor::<4>::random([4, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device);
+    let images = kiln_core::with_seed(&device, 1, || {
+        Tensor::<4>::random([4, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device)
+    });
     let labels = Tensor::<1, Int>::from_ints([0, 1, 2, 3], &device);
     let optimizer = burn::optim::SgdConfig::new()
         .with_momentum(Some(burn::optim::momentum::MomentumConfig::new()))
