@@ -101,6 +101,11 @@ impl Padded {
                 let skip = shift.saturating_sub(left);
                 let at = left.saturating_sub(shift);
                 let count = width.saturating_sub(skip).min(self.width - at);
+                if count == 0 {
+                    // The whole image lies left of this copy (a dilated tap on a narrow
+                    // image): all zeros.
+                    continue;
+                }
                 let dst = &mut padded[(channel * kw + j) * self.row_stride..];
                 for (row, line) in plane.chunks_exact(width).enumerate() {
                     dst[(top + row) * self.width + at..][..count]

@@ -42,6 +42,22 @@ fn cases() -> Vec<(ConvDims, usize, usize)> {
             2,
             1,
         ),
+        // Taps that reach past a narrow image: some column copies are all padding.
+        (
+            dims(
+                8,
+                [64, 4],
+                [3, 3],
+                g().with_dilation([8, 8]).with_padding([(8, 8), (8, 8)]),
+            ),
+            3,
+            1,
+        ),
+        (
+            dims(8, [256, 1], [1, 3], g().with_padding([(0, 0), (0, 2)])),
+            2,
+            1,
+        ),
     ]
 }
 
