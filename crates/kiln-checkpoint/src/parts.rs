@@ -57,9 +57,19 @@ impl CheckpointStore {
             sync_dir(&dir)
         })();
         if let Err(err) = &written {
-            let _ = fs::write(dir.join(format!("{name}.failed")), err.to_string());
+            self.note_part_failure(step, name, &err.to_string());
         }
         written
+    }
+
+    /// Leaves a note that the part `name` of the checkpoint at `step` will not come, saying
+    /// `why`, so that the replica collecting the parts stops waiting for it at once. Best
+    /// effort: if even the note cannot be written, the collector's timeout still ends its
+    /// wait.
+    pub fn note_part_failure(&self, step: usize, name: &str, why: &str) {
+        let dir = self.parts_dir(step);
+        let _ = fs::create_dir_all(&dir);
+        let _ = fs::write(dir.join(format!("{name}.failed")), why);
     }
 
     /// Waits for the part `name` of the checkpoint at `step` and moves it into `into`;

@@ -133,6 +133,19 @@ impl Checkpointer {
         }
     }
 
+    /// What leaves the note that stage `stage`'s part of the checkpoint at `position` (of a
+    /// pipeline of `stages` stages) will not come, saying why: stage 0's writer then stops
+    /// waiting for it at once instead of at its timeout.
+    pub fn stage_part_failure(
+        &self,
+        position: &TrainPosition,
+        stage: usize,
+        stages: usize,
+    ) -> impl FnOnce(&str) + Send + use<> {
+        let (store, step) = (self.store().clone(), position.step);
+        move |why| store.note_part_failure(step, &stage_part_name(stage, stages), why)
+    }
+
     /// What writes a pipeline's checkpoint at `position` from stage 0's part, given to it,
     /// and the parts of stages `1..stages`, which other processes write
     /// ([`stage_part_writer`](Self::stage_part_writer)): waited for (each at most `timeout`,

@@ -87,6 +87,9 @@ pub(crate) struct Writes<'w> {
 /// What writes one checkpoint from the parts of this process's stages (in stage order).
 type Write = Box<dyn FnOnce(Vec<StagePart>) -> Result<PathBuf, CheckpointError> + Send>;
 
+/// What tells stage 0 that this process's part will not come (why).
+type NoteMissing = Box<dyn FnOnce(&str) + Send>;
+
 impl<'w> Writes<'w> {
     /// Writes collecting `stages` parts from `parts`, waiting at most `timeout` for each.
     pub(crate) fn new(parts: Receiver<PartMessage>, stages: usize, timeout: Duration) -> Self {
@@ -121,6 +124,7 @@ impl<'w> Writes<'w> {
     ) -> Result<(), PipelineError> {
         self.wait()?;
         // The stages whose parts this process holds, and what writes them.
+        let mut missing: Option<NoteMissing> = None;
         let (local, write): (Vec<usize>, Write) = match &self.across {
             None => (
                 (0..self.stages).collect(),
@@ -143,6 +147,13 @@ impl<'w> Writes<'w> {
             }
             Some((world, _)) => {
                 let rank = world.rank();
+                // A part that never reaches the writer leaves the note a failed write
+                // leaves, so stage 0 stops waiting at once.
+                missing = Some(Box::new(checkpointer.stage_part_failure(
+                    position,
+                    rank,
+                    self.stages,
+                )));
                 let write = checkpointer.stage_part_writer(position, rank, self.stages);
                 (
                     vec![rank],
@@ -156,7 +167,15 @@ impl<'w> Writes<'w> {
         let handle = std::thread::Builder::new()
             .name("kiln-pipeline-checkpoint-writer".into())
             .spawn(move || {
-                let parts = collect(&local, step, (&parts, &early), timeout)?;
+                let parts = match collect(&local, step, (&parts, &early), timeout) {
+                    Ok(parts) => parts,
+                    Err(err) => {
+                        if let Some(note) = missing {
+                            note(&err.to_string());
+                        }
+                        return Err(err);
+                    }
+                };
                 write(parts)
                     .map_err(|err: CheckpointError| PipelineError::Checkpoint(err.to_string()))
             })

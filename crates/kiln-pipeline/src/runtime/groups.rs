@@ -54,12 +54,16 @@ pub(crate) fn stage_groups(
     let rank = world.rank();
     let (group, stage) = (rank / stages, rank % stages);
     let split = |color, key| {
-        world
-            .split(color, key)
-            .map_err(|err| PipelineError::PeerLost {
+        world.split(color, key).map_err(|err| match err {
+            // A world that cannot split (in-process or hybrid) is the caller's choice.
+            kiln_comm::CommError::Unsupported { .. } => PipelineError::Config(format!(
+                "across processes a pipeline needs an MPI world communicator: {err}"
+            )),
+            err => PipelineError::PeerLost {
                 stage,
                 what: format!("the other processes, to form the pipeline's groups ({err})"),
-            })
+            },
+        })
     };
     let mut replicas: Vec<Option<Communicator>> = (0..groups * stages).map(|_| None).collect();
     if groups > 1 {

@@ -199,11 +199,6 @@ impl<O: Objective> Pipeline<O> {
     {
         self.config.validate()?;
         let start = self.resume_position();
-        // Across processes every one starts at the same step (or every one fails).
-        let start = match &self.processes {
-            Some(world) => agree_start(world, self.checkpointer.as_ref(), start)?,
-            None => start?,
-        };
         let groups = self.config.data_parallel;
         let total = self.devices.len();
         if total == 0 {
@@ -236,6 +231,12 @@ impl<O: Objective> Pipeline<O> {
                 self.refuse_across_processes(world, stages, groups)?;
                 vec![world.rank()]
             }
+        };
+        // Across processes every one starts at the same step (or every one fails): after
+        // the world's size is checked, before any communication.
+        let start = match &self.processes {
+            Some(world) => agree_start(world, self.checkpointer.as_ref(), start)?,
+            None => start?,
         };
         let threads = self
             .config
