@@ -274,7 +274,11 @@ pub(crate) fn drive<S: BatchSource + ?Sized>(
 }
 
 /// The validation loss and accuracy of `valid`'s batches, run forward through the first
-/// pipeline (its stage threads come first in (group, stage) order).
+/// pipeline (its stage threads come first in (group, stage) order). Across processes every
+/// pipeline runs the pass, and only the first one's figures count: each pipeline's batch-norm
+/// statistics follow its own batches, so the figures stay the first pipeline's, and no
+/// process waits in the world's sum through another's whole pass (where the communicator's
+/// timeout would end the job).
 fn validate<B: Batch>(
     config: &PipelineConfig,
     valid: &mut (dyn BatchSource<Batch = B> + Send),
@@ -285,12 +289,12 @@ fn validate<B: Batch>(
         let batch = batch?;
         let size = batch.samples();
         let micro_batches = cut(&batch, config.micro_batches.min(size).max(1))?;
-        // The first pipeline's stages of this process.
+        // The first pipeline's stages of this process (across processes: its stage).
         let first: Vec<_> = to_stages
             .threads
             .iter()
             .zip(to_stages.step_senders)
-            .filter(|(thread, _)| **thread < to_stages.stages)
+            .filter(|(thread, _)| to_stages.across.is_some() || **thread < to_stages.stages)
             .map(|(_, sender)| sender)
             .collect();
         for sender in &first {
@@ -319,8 +323,10 @@ fn validate<B: Batch>(
                     stage: to_stages.stages,
                     what: "a stage's validation report".into(),
                 })?;
-            loss_sum += report.loss_sum;
-            correct += report.correct;
+            if report.thread < to_stages.stages {
+                loss_sum += report.loss_sum;
+                correct += report.correct;
+            }
         }
         samples += size;
     }
