@@ -282,8 +282,9 @@ pub struct Args {
     /// with `--resume latest`).
     #[arg(long, default_value_t = 0)]
     pub max_restarts: usize,
-    /// Fault injection for testing restarts: `panic-at-step:N` makes the last replica (with
-    /// --pipeline: the last stage) panic at optimizer step N, once per process.
+    /// Fault injection for testing restarts: `panic-at-step:N` makes the last replica panic
+    /// at optimizer step N, once per process (with --pipeline: every pipeline's last stage, in
+    /// every run: relaunch without the flag to resume).
     #[arg(long)]
     pub inject_fault: Option<crate::faults::Fault>,
     /// Hide the progress bar.

@@ -1,11 +1,11 @@
 //! Collective communication for kiln.
 //!
-//! Kiln's data-parallel training (gradient sync, parameter and statistics averaging) talks
-//! through a [`Communicator`]: `rank()`, `world_size()`, `all_reduce`, `broadcast`,
-//! `all_gather`, `reduce_scatter`, `barrier`, `send` and `recv`, on `f32`, `f16` and `bf16`
-//! buffers (half buffers are reduced in `f32`); across processes `split` makes sub-groups
-//! (`MPI_Comm_split`: a pipeline's stage copies, its stages). Data parallelism is the only parallelism kiln
-//! has today; `send` and `recv` are there for pipeline parallelism, which is planned.
+//! Kiln's data-parallel training (gradient sync, parameter and statistics averaging) and its
+//! pipelines across processes talk through a [`Communicator`]: `rank()`, `world_size()`,
+//! `all_reduce`, `broadcast`, `all_gather`, `reduce_scatter`, `barrier`, `send` and `recv`,
+//! on `f32`, `f16` and `bf16` buffers (half buffers are reduced in `f32`); across processes
+//! `split` makes sub-groups (`MPI_Comm_split`: a pipeline's stage copies, its stages) and
+//! `MpiMessages` (feature `mpi`) carries byte messages whose length the receiver learns.
 //!
 //! Backends are a closed set, so [`Communicator`] is an enum rather than a trait object
 //! (as crossbeam does with its channel flavours):

@@ -1,7 +1,8 @@
 //! The convolution on Flex tensors: im2col and one GEMM per block of images, written
 //! straight into the NCHW output; the backward pass is two more GEMMs and a col2im. Shapes
-//! that `winograd::applies` to take Winograd's algorithm instead (forward and weight
-//! gradient here, so the flipped-kernel input gradient follows).
+//! that `winograd::applies` to take Winograd's algorithm instead, and other shapes that
+//! `shifted::applies` to the shifted GEMMs (forward and weight gradient here, so the
+//! flipped-kernel input gradient follows).
 //!
 //! Blocks hold enough images for a GEMM of at least [`BLOCK_POSITIONS`] output positions
 //! (one image of a large feature map, several of a small one) and run in parallel in the
@@ -129,7 +130,7 @@ pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry)
 }
 
 /// The forward on plain slices: `x` `[N, Cin, H, W]`, `weight` `[Cout, Cin·kh·kw]`; by
-/// Winograd's algorithm where it applies, else im2col.
+/// Winograd's algorithm or the shifted GEMMs where they apply, else im2col.
 fn forward_values(
     x: &[f32],
     weight: &[f32],
@@ -311,8 +312,8 @@ fn scattered_input_gradient(
     input_grad
 }
 
-/// The weight gradient `[Cout, Cin·kh·kw]`: by Winograd's algorithm where it applies, else
-/// [`im2col_weight_gradient`].
+/// The weight gradient `[Cout, Cin·kh·kw]`: by Winograd's algorithm or the shifted GEMMs where
+/// they apply, else [`im2col_weight_gradient`].
 fn weight_gradient(
     x: &[f32],
     grad: &[f32],
