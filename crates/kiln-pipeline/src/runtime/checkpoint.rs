@@ -297,18 +297,22 @@ pub(crate) fn agree_start(
         checkpointer.remove_stale_parts();
     }
     let start = agree(world, start)?;
-    // The first and the last step any process starts at, under one maximum.
-    let mut steps = [start.step as f32, -(start.step as f32)];
+    // The first and the last step any process starts at, under one maximum: the step in
+    // two 16-bit halves, each exact in f32.
+    let (high, low) = ((start.step >> 16) as f32, (start.step & 0xffff) as f32);
+    let mut steps = [high, low, -high, -low];
     world
         .all_reduce(&mut steps, kiln_comm::ReduceOp::Max)
         .map_err(|err| PipelineError::PeerLost {
             stage: world.rank(),
             what: format!("the other processes' start ({err})"),
         })?;
-    if steps[0] != -steps[1] {
+    if steps[0] != -steps[2] || steps[1] != -steps[3] {
+        let step = |high: f32, low: f32| ((high as usize) << 16) + low as usize;
         return Err(PipelineError::Checkpoint(format!(
             "the processes would start at different steps ({} to {}): every process must resume the same checkpoint",
-            -steps[1], steps[0]
+            step(-steps[2], -steps[3]),
+            step(steps[0], steps[1])
         )));
     }
     Ok(start)
