@@ -80,7 +80,7 @@ impl ConvDims {
     }
 }
 
-/// Images narrower than this take [`shifted_plane`]'s one copy per plane. Measured (one
+/// Images narrower than this take [`ShiftedCopy`]'s one copy per plane. Measured (one
 /// thread, 32 images, 3×3, padding 1): 4×4 planes 7–10 % faster than row by row (128 and 512
 /// channels), 8×8 within the noise, 32×32 slower (2.1 against 1.4 ms at 16 channels: one long
 /// copy between differently aligned addresses loses to many short ones).
@@ -108,10 +108,14 @@ pub(crate) fn im2col(x: &[f32], dims: &ConvDims, images: Range<usize>, columns: 
         .for_each(|(row, dst)| {
             let (channel, i, j) = dims.tap(row);
             if shifted {
+                let Some(copy) = ShiftedCopy::new(dims, i, j) else {
+                    dst.fill(0.0);
+                    return;
+                };
                 for (slot, image) in images.clone().enumerate() {
                     let plane =
                         &x[(image * dims.channels + channel) * height * width..][..height * width];
-                    shifted_plane(dims, plane, i, j, &mut dst[slot * positions..][..positions]);
+                    copy.write(plane, &mut dst[slot * positions..][..positions]);
                 }
                 return;
             }
@@ -145,41 +149,63 @@ pub(crate) fn im2col(x: &[f32], dims: &ConvDims, images: Range<usize>, columns: 
         });
 }
 
-/// Writes one column-matrix row (input channel plane `plane`, kernel tap (`i`, `j`)) for one
-/// image into `dst` (`Ho·Wo`), when the stride is 1 and the output is as wide as the input:
-/// then output row `r` reads input row `r + off_r` shifted by `off_c` columns, the whole
-/// image is one contiguous copy, and only the columns the shift wrapped around need zeros
-/// (one per row for a 3×3 kernel with padding 1). For narrow images, where a row is a few
-/// elements, the calls per row cost more than the bytes ([`SHIFTED_PLANE_WIDTH`]).
-fn shifted_plane(dims: &ConvDims, plane: &[f32], i: usize, j: usize, dst: &mut [f32]) {
-    let [height, width] = dims.input;
-    let g = &dims.geometry;
-    let rows = (0..dims.output[0])
-        .filter(|&r| dims.source(0, r, i).is_some())
-        .fold(None, |range: Option<Range<usize>>, r| {
-            Some(range.map_or(r..r + 1, |range| range.start..r + 1))
+/// One column-matrix row (kernel tap (`i`, `j`)) of one image as a single copy, when the
+/// stride is 1 and the output is as wide as the input: output row `r` reads input row
+/// `r + off_r` shifted by `off_c` columns, so the whole image is one contiguous copy, and only
+/// the columns the shift wrapped around need zeros (one per row for a 3×3 kernel with padding
+/// 1). For narrow images, where a row is a few elements, the calls per row cost more than the
+/// bytes ([`SHIFTED_PLANE_WIDTH`]). The plan depends on the tap only, so it is made once for
+/// all the images of a row.
+struct ShiftedCopy {
+    /// Output rows that read inside the input (the others are zero).
+    rows: Range<usize>,
+    /// Output columns that read inside the input, in every such row.
+    valid: Range<usize>,
+    /// The part of the output copied, and where it starts in the input plane.
+    copied: Range<usize>,
+    from: usize,
+    width: usize,
+}
+
+impl ShiftedCopy {
+    /// The copy of tap (`i`, `j`); `None` when it reads only padding.
+    fn new(dims: &ConvDims, i: usize, j: usize) -> Option<Self> {
+        let [height, width] = dims.input;
+        let g = &dims.geometry;
+        let inside = |r: &usize| dims.source(0, *r, i).is_some();
+        let first = (0..dims.output[0]).find(inside)?;
+        let last = (0..dims.output[0]).rev().find(inside)?;
+        let valid = dims.valid_columns(j);
+        if valid.is_empty() {
+            return None;
+        }
+        let off_r = (i * g.dilation[0]) as isize - g.padding[0].0 as isize;
+        let off_c = (j * g.dilation[1]) as isize - g.padding[1].0 as isize;
+        let shift = off_r * width as isize + off_c;
+        let (lo, hi) = (first * width, (last + 1) * width);
+        // Clip to the source plane: the first and last element may wrap outside it.
+        let copy_lo = (lo as isize).max(-shift) as usize;
+        let copy_hi = ((hi as isize).min((height * width) as isize - shift) as usize).max(copy_lo);
+        Some(Self {
+            rows: first..last + 1,
+            valid,
+            copied: copy_lo..copy_hi,
+            from: (copy_lo as isize + shift) as usize,
+            width,
         })
-        .unwrap_or(0..0);
-    let valid = dims.valid_columns(j);
-    if rows.is_empty() || valid.is_empty() {
-        dst.fill(0.0);
-        return;
     }
-    let off_r = (i * g.dilation[0]) as isize - g.padding[0].0 as isize;
-    let off_c = (j * g.dilation[1]) as isize - g.padding[1].0 as isize;
-    let shift = off_r * width as isize + off_c;
-    let (lo, hi) = (rows.start * width, rows.end * width);
-    // Clip to the source plane: the first and last element may wrap outside it.
-    let copy_lo = (lo as isize).max(-shift) as usize;
-    let copy_hi = ((hi as isize).min((height * width) as isize - shift) as usize).max(copy_lo);
-    dst[..copy_lo].fill(0.0);
-    dst[copy_hi..].fill(0.0);
-    let from = (copy_lo as isize + shift) as usize;
-    dst[copy_lo..copy_hi].copy_from_slice(&plane[from..from + (copy_hi - copy_lo)]);
-    for r in rows {
-        let line = &mut dst[r * width..][..width];
-        line[..valid.start].fill(0.0);
-        line[valid.end..].fill(0.0);
+
+    /// Writes the row of the image whose input channel plane is `plane` into `dst` (`Ho·Wo`).
+    fn write(&self, plane: &[f32], dst: &mut [f32]) {
+        let Range { start, end } = self.copied.clone();
+        dst[..start].fill(0.0);
+        dst[end..].fill(0.0);
+        dst[start..end].copy_from_slice(&plane[self.from..self.from + (end - start)]);
+        for r in self.rows.clone() {
+            let line = &mut dst[r * self.width..][..self.width];
+            line[..self.valid.start].fill(0.0);
+            line[self.valid.end..].fill(0.0);
+        }
     }
 }
 

@@ -31,6 +31,7 @@ pub(crate) struct StageGroups {
 /// the same point). `agreeing`: the stages of a pipeline agree on the gradient's norm.
 ///
 /// # Errors
+/// [`PipelineError::Config`] if `world` cannot split (not an MPI world),
 /// [`PipelineError::PeerLost`] if the split fails.
 pub(crate) fn stage_groups(
     world: Option<&Communicator>,
@@ -65,16 +66,21 @@ pub(crate) fn stage_groups(
             },
         })
     };
-    let mut replicas: Vec<Option<Communicator>> = (0..groups * stages).map(|_| None).collect();
+    let mut replicas = unset(groups * stages);
     if groups > 1 {
         replicas[rank] = Some(split(stage, group)?);
     }
     let across = split(group, stage)?;
     Ok(StageGroups {
         replicas,
-        pipelines: (0..groups * stages).map(|_| None).collect(),
+        pipelines: unset(groups * stages),
         across: Some(across),
     })
+}
+
+/// `threads` empty slots (a `Communicator` is not `Clone`, so no `vec![None; n]`).
+fn unset(threads: usize) -> Vec<Option<Communicator>> {
+    (0..threads).map(|_| None).collect()
 }
 
 /// Who shares an in-process group in [`communicators`].
@@ -95,7 +101,7 @@ fn communicators(
     members: Members,
     wanted: bool,
 ) -> Vec<Option<Communicator>> {
-    let mut slots: Vec<Option<Communicator>> = (0..groups * stages).map(|_| None).collect();
+    let mut slots = unset(groups * stages);
     if !wanted {
         return slots;
     }
