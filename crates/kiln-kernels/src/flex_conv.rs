@@ -57,7 +57,11 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
 
 /// Images per block.
 fn block_size(dims: &ConvDims) -> usize {
-    BLOCK_POSITIONS.div_ceil(dims.positions().max(1)).max(1)
+    let target: usize = std::env::var("KILN_BP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BLOCK_POSITIONS);
+    target.div_ceil(dims.positions().max(1)).max(1)
 }
 
 fn to_f32(tensor: FlexTensor) -> FlexTensor {
@@ -131,7 +135,7 @@ pub(crate) fn forward(x: FlexTensor, weight: FlexTensor, geometry: ConvGeometry)
 
 /// The forward on plain slices: `x` `[N, Cin, H, W]`, `weight` `[Cout, Cin·kh·kw]`; by
 /// Winograd's algorithm or the shifted GEMMs where they apply, else im2col.
-fn forward_values(
+pub(crate) fn forward_values(
     x: &[f32],
     weight: &[f32],
     dims: &ConvDims,
@@ -220,7 +224,7 @@ pub(crate) fn backward(
 /// The input gradient: for unit strides a forward convolution of the output gradient with the
 /// kernel flipped and its channels swapped (an im2col and a GEMM whose inner dimension is
 /// `Cout·kh·kw`); otherwise `col2im(weightᵀ × grad)`, whose GEMM has only `Cout` there.
-fn input_gradient(
+pub(crate) fn input_gradient(
     weight: &[f32],
     grad: &[f32],
     dims: &ConvDims,
@@ -314,7 +318,7 @@ fn scattered_input_gradient(
 
 /// The weight gradient `[Cout, Cin·kh·kw]`: by Winograd's algorithm or the shifted GEMMs where
 /// they apply, else [`im2col_weight_gradient`].
-fn weight_gradient(
+pub(crate) fn weight_gradient(
     x: &[f32],
     grad: &[f32],
     dims: &ConvDims,

@@ -12,6 +12,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::geometry::ConvGeometry;
+use crate::im2col_strided::im2col_strided;
 
 /// The sizes of one convolution.
 #[derive(Clone, Copy, Debug)]
@@ -46,7 +47,7 @@ impl ConvDims {
 
     /// The input coordinate along `dim` that output index `out` reads through kernel tap
     /// `tap`, if it falls inside the (unpadded) input.
-    fn source(&self, dim: usize, out: usize, tap: usize) -> Option<usize> {
+    pub(crate) fn source(&self, dim: usize, out: usize, tap: usize) -> Option<usize> {
         let g = &self.geometry;
         (out * g.stride[dim] + tap * g.dilation[dim])
             .checked_sub(g.padding[dim].0)
@@ -55,7 +56,7 @@ impl ConvDims {
 
     /// The output columns `wo` whose source column for tap `j` lies inside the input: a
     /// contiguous range, so the inner loops run without bounds tests.
-    fn valid_columns(&self, j: usize) -> Range<usize> {
+    pub(crate) fn valid_columns(&self, j: usize) -> Range<usize> {
         let g = &self.geometry;
         let offset = j * g.dilation[1];
         let before = g.padding[1].0;
@@ -101,6 +102,10 @@ pub(crate) fn im2col(x: &[f32], dims: &ConvDims, images: Range<usize>, columns: 
     let [height, width] = dims.input;
     let [out_h, out_w] = dims.output;
     let stride_w = dims.geometry.stride[1];
+    if stride_w > 1 {
+        im2col_strided(x, dims, images, columns);
+        return;
+    }
     let shifted = dims.geometry.stride == [1, 1] && out_w == width && width < SHIFTED_PLANE_WIDTH;
     columns
         .par_chunks_mut(count * positions)
@@ -121,7 +126,7 @@ pub(crate) fn im2col(x: &[f32], dims: &ConvDims, images: Range<usize>, columns: 
             }
             let valid = dims.valid_columns(j);
             // Source column of output column `valid.start`.
-            let first = (valid.start * stride_w + j * dims.geometry.dilation[1])
+            let first = (valid.start + j * dims.geometry.dilation[1])
                 .wrapping_sub(dims.geometry.padding[1].0);
             for (slot, image) in images.clone().enumerate() {
                 let plane =
@@ -137,13 +142,7 @@ pub(crate) fn im2col(x: &[f32], dims: &ConvDims, images: Range<usize>, columns: 
                     line[valid.end..].fill(0.0);
                     let src = &plane[src_row * width..][..width];
                     let inside = &mut line[valid.clone()];
-                    if stride_w == 1 {
-                        inside.copy_from_slice(&src[first..first + inside.len()]);
-                    } else {
-                        for (k, value) in inside.iter_mut().enumerate() {
-                            *value = src[first + k * stride_w];
-                        }
-                    }
+                    inside.copy_from_slice(&src[first..first + inside.len()]);
                 }
             }
         });
@@ -318,6 +317,28 @@ mod tests {
             // Unit stride and an output as wide as the input: each row is one shifted copy
             // of the plane, with the wrapped-around columns zeroed.
             dims(3, [4, 5], [1, 1], g()),
+            // Strided along the width (column phases): dilated taps, padding wider than a
+            // stride, odd widths, a stride wider than the kernel.
+            dims(
+                2,
+                [9, 11],
+                [3, 3],
+                g().with_stride([2, 2])
+                    .with_dilation([1, 2])
+                    .with_padding([(1, 1), (3, 0)]),
+            ),
+            dims(
+                3,
+                [5, 7],
+                [2, 2],
+                g().with_stride([1, 4]).with_padding([(0, 1), (1, 2)]),
+            ),
+            dims(
+                2,
+                [3, 3],
+                [3, 3],
+                g().with_stride([3, 2]).with_padding([(1, 1), (1, 1)]),
+            ),
             dims(2, [4, 4], [5, 5], g().with_padding([(2, 2), (2, 2)])),
             dims(2, [5, 6], [3, 3], g().with_padding([(2, 0), (0, 2)])),
             dims(

@@ -38,6 +38,9 @@ mod flex_conv;
 mod gemm;
 mod geometry;
 mod im2col;
+mod im2col_strided;
+#[cfg(test)]
+mod layer_speed;
 mod norm_extension;
 mod shifted;
 #[cfg(test)]
