@@ -57,11 +57,7 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
 
 /// Images per block.
 fn block_size(dims: &ConvDims) -> usize {
-    let target: usize = std::env::var("KILN_BP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(BLOCK_POSITIONS);
-    target.div_ceil(dims.positions().max(1)).max(1)
+    BLOCK_POSITIONS.div_ceil(dims.positions().max(1)).max(1)
 }
 
 fn to_f32(tensor: FlexTensor) -> FlexTensor {
