@@ -20,11 +20,18 @@
 //! - [`batch_norm_train`] — training-mode batch norm straight on the NCHW layout: statistics
 //!   in one pass per channel, output in one pass, backward in two, instead of Burn's generic
 //!   composition (which copies the activation to channels-first several times per layer).
+//! - [`relu`] / [`add_relu`] — ReLU, and a residual block's `relu(a + b)` in one pass, split
+//!   over the replica's threads and in place when the input is not shared (Flex runs its
+//!   element-wise operations on one thread); Burn's bit for bit, output and gradients.
 //!
 //! Results do not depend on the thread count: work is split into pieces that never write the
 //! same element, and every sum runs in an order fixed by the shapes.
 #![warn(missing_docs)]
 
+mod activation;
+mod activation_extension;
+#[cfg(test)]
+mod activation_tests;
 mod batch_norm;
 #[cfg(test)]
 mod batch_norm_tests;
@@ -33,6 +40,7 @@ mod conv2d;
 mod conv_extension;
 #[cfg(test)]
 mod conv_tests;
+mod flex_activation;
 mod flex_batch_norm;
 mod flex_conv;
 mod gemm;
@@ -55,6 +63,8 @@ mod winograd_tests;
 mod winograd_tiles;
 mod zeroed;
 
+pub use activation::{add_relu, relu};
+pub use activation_extension::ActivationKernel;
 pub use batch_norm::{NormalizedBatch, batch_norm_train};
 pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};

@@ -3,10 +3,10 @@
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
-use burn::tensor::activation::relu;
 use burn::tensor::module::batch_norm;
 use burn::tensor::{Device, FloatDType, Tensor};
 use kiln_kernels::conv2d;
+use kiln_kernels::{add_relu, relu};
 
 use crate::BlockKind;
 
@@ -149,7 +149,7 @@ impl BasicBlock {
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         let out = relu(norm(&self.bn1, conv2d(&self.conv1, x.clone())));
         let out = norm(&self.bn2, conv2d(&self.conv2, out));
-        relu(out + skip(&self.downsample, x))
+        add_relu(out, skip(&self.downsample, x))
     }
 }
 
@@ -192,7 +192,7 @@ impl Bottleneck {
         let out = relu(norm(&self.bn1, conv2d(&self.conv1, x.clone())));
         let out = relu(norm(&self.bn2, conv2d(&self.conv2, out)));
         let out = norm(&self.bn3, conv2d(&self.conv3, out));
-        relu(out + skip(&self.downsample, x))
+        add_relu(out, skip(&self.downsample, x))
     }
 }
 

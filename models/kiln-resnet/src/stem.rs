@@ -4,9 +4,9 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, PaddingConfig2d};
-use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use kiln_kernels::conv2d;
+use kiln_kernels::relu;
 
 use crate::StemKind;
 use crate::block::conv_initializer;

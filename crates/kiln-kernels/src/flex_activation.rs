@@ -1,0 +1,181 @@
+//! ReLU, and a residual addition followed by ReLU, on f32 Flex tensors: element-wise passes
+//! split into pieces over the caller's rayon pool, in place when the tensor is not shared.
+//!
+//! Flex runs its element-wise operations on one thread, so on two threads a ResNet step's
+//! ReLUs and residual additions left the second core idle (a tenth of the busiest thread's
+//! samples were such serial operations). Each element gets Flex's own formula, so the
+//! results are Flex's bit for bit, at any thread count and vector width.
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Flex, FlexDevice, TensorMetadata};
+use burn::tensor::{DType, FloatDType, TensorData};
+use rayon::prelude::*;
+
+use crate::simd::simd;
+use crate::zeroed::zeroed;
+
+type FlexTensor = FloatTensor<Flex>;
+
+/// Elements per parallel piece: large enough that splitting costs little next to the pass.
+const PIECE: usize = 1 << 14;
+
+/// Flex's ReLU of one element: NaN propagates (as PyTorch's does), everything not above zero
+/// becomes zero.
+#[inline(always)]
+fn relu_of(x: f32) -> f32 {
+    if x.is_nan() || x > 0.0 { x } else { 0.0 }
+}
+
+/// Flex's ReLU gradient of one element: kept where the output is above zero or NaN.
+#[inline(always)]
+fn masked(output: f32, grad: f32) -> f32 {
+    if output.is_nan() || output > 0.0 {
+        grad
+    } else {
+        0.0
+    }
+}
+
+/// The elements of a contiguous f32 tensor.
+fn values(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("a contiguous f32 tensor (checked by the caller)")
+}
+
+/// `tensor` itself when its buffer is its own, contiguous from the start (so it can be
+/// overwritten), else `None`.
+fn writable(mut tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
+    let whole = tensor.layout().contiguous_offsets() == Some((0, tensor.shape().num_elements()));
+    if whole && tensor.try_storage_mut::<f32>().is_some() {
+        Ok(tensor)
+    } else {
+        Err(tensor)
+    }
+}
+
+/// `tensor` as an f32 tensor whose elements lie in one contiguous run (copied only when it
+/// is not one already: a strided view, or another dtype).
+fn readable(tensor: FlexTensor) -> FlexTensor {
+    let tensor = if tensor.dtype() == DType::F32 {
+        tensor
+    } else {
+        Flex::float_cast(tensor, FloatDType::F32)
+    };
+    if tensor.as_slice::<f32>().is_some() {
+        tensor
+    } else {
+        tensor.to_contiguous()
+    }
+}
+
+/// `dst[i] = f(dst[i], src[i])` (with `src` = `dst` read before writing) in pieces over the
+/// pool, under the SIMD dispatch.
+fn each_in_place(dst: &mut [f32], src: Option<&[f32]>, f: impl Fn(f32, f32) -> f32 + Sync) {
+    match src {
+        None => dst.par_chunks_mut(PIECE).for_each(|d| {
+            simd(
+                #[inline(always)]
+                || {
+                    for v in d.iter_mut() {
+                        *v = f(*v, 0.0);
+                    }
+                },
+            )
+        }),
+        Some(src) => dst
+            .par_chunks_mut(PIECE)
+            .zip(src.par_chunks(PIECE))
+            .for_each(|(d, s)| {
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (v, s) in d.iter_mut().zip(s) {
+                            *v = f(*v, *s);
+                        }
+                    },
+                )
+            }),
+    }
+}
+
+/// `out[i] = f(a[i], b[i])` into a new buffer, in pieces over the pool.
+fn each_into(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    let mut out = zeroed(a.len());
+    out.par_chunks_mut(PIECE)
+        .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
+        .for_each(|(o, (a, b))| {
+            simd(
+                #[inline(always)]
+                || {
+                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                        *o = f(*a, *b);
+                    }
+                },
+            )
+        });
+    out
+}
+
+fn from_vec(values: Vec<f32>, like: &FlexTensor) -> FlexTensor {
+    Flex::float_from_data(TensorData::new(values, like.shape()), &FlexDevice)
+}
+
+/// `max(x, 0)` element-wise (Flex's ReLU) of an f32 tensor.
+pub(crate) fn relu(x: FlexTensor) -> FlexTensor {
+    match writable(readable(x)) {
+        Ok(mut x) => {
+            each_in_place(x.storage_mut::<f32>(), None, |v, _| relu_of(v));
+            x
+        }
+        Err(x) => {
+            let out = each_into(values(&x), values(&x), |v, _| relu_of(v));
+            from_vec(out, &x)
+        }
+    }
+}
+
+/// `relu(a + b)` for f32 tensors of one shape, in one pass.
+pub(crate) fn add_relu(a: FlexTensor, b: FlexTensor) -> FlexTensor {
+    let (a, b) = (readable(a), readable(b));
+    match writable(a) {
+        Ok(mut a) => {
+            each_in_place(a.storage_mut::<f32>(), Some(values(&b)), |a, b| {
+                relu_of(a + b)
+            });
+            a
+        }
+        Err(a) => match writable(b) {
+            // Addition commutes bit for bit.
+            Ok(mut b) => {
+                each_in_place(b.storage_mut::<f32>(), Some(values(&a)), |b, a| {
+                    relu_of(a + b)
+                });
+                b
+            }
+            Err(b) => {
+                let out = each_into(values(&a), values(&b), |a, b| relu_of(a + b));
+                from_vec(out, &a)
+            }
+        },
+    }
+}
+
+/// The gradient through a ReLU whose output was `output`: `grad` where the output is above
+/// zero (or NaN), zero elsewhere (Flex's `relu_backward`); `output` is one of this module's
+/// results (f32, contiguous).
+pub(crate) fn relu_backward(output: &FlexTensor, grad: FlexTensor) -> FlexTensor {
+    match writable(readable(grad)) {
+        Ok(mut grad) => {
+            each_in_place(grad.storage_mut::<f32>(), Some(values(output)), |g, out| {
+                masked(out, g)
+            });
+            grad
+        }
+        Err(grad) => {
+            let out = each_into(values(output), values(&grad), masked);
+            from_vec(out, output)
+        }
+    }
+}
