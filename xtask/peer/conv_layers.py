@@ -30,7 +30,7 @@ def resnet18_convolutions(w):
 def fastest_ms(f):
     f()
     best = float("inf")
-    for _ in range(15):
+    for _ in range(int(__import__("os").environ.get("PEER_REPEAT", "15"))):
         start = time.perf_counter()
         f()
         best = min(best, (time.perf_counter() - start) * 1e3)
