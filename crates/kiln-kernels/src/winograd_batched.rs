@@ -16,26 +16,12 @@ use rayon::prelude::*;
 
 use crate::im2col::ConvDims;
 use crate::simd::simd;
-use crate::winograd_tiles::{Tiling, channel_stride};
+use crate::winograd_tiles::{Tiling, add, channel_stride, sub};
 
 /// Whether a block of `images` images of `tiling` takes these transforms: tile rows too short
 /// for `winograd_tiles`' runs and enough images to fill a vector.
 pub(crate) fn applies(tiling: Tiling, images: usize) -> bool {
     tiling.cols < 8 && images >= 8
-}
-
-#[inline(always)]
-fn sub(dst: &mut [f32], a: &[f32], b: &[f32]) {
-    for ((d, a), b) in dst.iter_mut().zip(a).zip(b) {
-        *d = a - b;
-    }
-}
-
-#[inline(always)]
-fn add(dst: &mut [f32], a: &[f32], b: &[f32]) {
-    for ((d, a), b) in dst.iter_mut().zip(a).zip(b) {
-        *d = a + b;
-    }
 }
 
 /// `Bᵀ` of a column (or row) of 4 vectors `d`: `d0 − d2, d1 + d2, d2 − d1, d1 − d3`.
