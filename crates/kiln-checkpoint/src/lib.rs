@@ -43,6 +43,8 @@ mod checkpointer;
 mod elastic_tests;
 mod error;
 mod manifest;
+#[cfg(test)]
+mod neutral_tests;
 mod optimizer_parts;
 mod parts;
 #[cfg(test)]

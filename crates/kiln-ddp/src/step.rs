@@ -340,6 +340,14 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
             SyncMode::LocalSgd { period } if (step + 1).is_multiple_of(period) => {
                 average(&self.comm, model, Selection::All)?
             }
+            // Batch-norm running statistics: each replica's forward updated its own from its
+            // shard; their mean after every step keeps the replicas identical at all times.
+            // Averaged only before an evaluation or a checkpoint, a checkpoint written
+            // mid-epoch changed the statistics' rounding from then on (the mean of the
+            // replicas' updates at step k, not at the epoch's end), so a run that
+            // checkpointed did not end bit for bit like one that did not. (PyTorch's DDP
+            // broadcasts rank 0's buffers before every forward instead.)
+            SyncMode::Gradients => average(&self.comm, model, Selection::Buffers)?,
             _ => model,
         };
         let every = self.config.divergence_check_every;
@@ -372,14 +380,13 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
     }
 
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
-        // Batch-norm running statistics differ per replica (each saw its own shard): use their
-        // mean, so that every replica evaluates and checkpoints the same model.
-        let selection = match self.config.mode {
-            SyncMode::Gradients => Selection::Buffers,
-            SyncMode::LocalSgd { .. } => Selection::All,
-            SyncMode::Unsynchronized => return Ok(model),
-        };
-        Ok(average(&self.comm, model, selection)?)
+        match self.config.mode {
+            // Already one model: buffers are averaged after every step (`after_update`), and
+            // averaging again here would change the rounding whenever a checkpoint is taken.
+            SyncMode::Gradients | SyncMode::Unsynchronized => Ok(model),
+            // Local-SGD replicas differ between averagings: evaluate and checkpoint the mean.
+            SyncMode::LocalSgd { .. } => Ok(average(&self.comm, model, Selection::All)?),
+        }
     }
 }
 
