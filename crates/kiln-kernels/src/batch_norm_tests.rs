@@ -113,6 +113,30 @@ fn a_batch_norm_without_the_statistics_gradient_fails_the_comparison() {
     assert!(relative_error(wrong, want.x_grad) > 1e-2);
 }
 
+/// The backward overwrites the output gradient when nothing else holds it and copies it
+/// otherwise: here a residual `add_relu` hands the same gradient tensor to the batch norm
+/// and to the other input, and the input gradient must equal the one computed from an
+/// unshared gradient of the same values, bit for bit.
+#[test]
+fn a_shared_output_gradient_gives_the_same_input_gradient() {
+    let device = Device::flex().autodiff();
+    let (x, gamma, beta, upstream) = inputs(&device, [4, 3, 5, 5], 0.3);
+    let other = Tensor::<4>::random([4, 3, 5, 5], Distribution::Normal(0.0, 1.0), &device);
+    let (x, other) = (x.detach().require_grad(), other.require_grad());
+    let out = batch_norm_train(x.clone(), gamma.clone(), beta.clone(), 1e-5).output;
+    let z = crate::add_relu(out, other.clone());
+    let mask = z.clone().detach().greater_elem(0.0).float();
+    let grads = (z * upstream.clone()).sum().backward();
+    let shared = x.grad(&grads).expect("x grad");
+    assert!(other.grad(&grads).is_some());
+    let x2 = x.detach().require_grad();
+    let out2 = batch_norm_train(x2.clone(), gamma, beta, 1e-5).output;
+    let unique = x2.grad(&(out2 * (upstream * mask)).sum().backward());
+    shared
+        .into_data()
+        .assert_eq(&unique.expect("x grad").into_data(), true);
+}
+
 #[test]
 fn batch_norm_does_not_depend_on_the_thread_count() {
     let device = Device::flex().autodiff();

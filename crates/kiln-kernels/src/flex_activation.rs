@@ -46,7 +46,7 @@ fn values(tensor: &FlexTensor) -> &[f32] {
 
 /// `tensor` itself when its buffer is its own, contiguous from the start (so it can be
 /// overwritten), else `None`.
-fn writable(mut tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
+pub(crate) fn writable(mut tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
     let whole = tensor.layout().contiguous_offsets() == Some((0, tensor.shape().num_elements()));
     if whole && tensor.try_storage_mut::<f32>().is_some() {
         Ok(tensor)

@@ -15,6 +15,7 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{DType, Shape, TensorData};
 use rayon::prelude::*;
 
+use crate::flex_activation::writable;
 use crate::simd::simd;
 use crate::zeroed::zeroed;
 
@@ -209,13 +210,13 @@ pub(crate) fn backward(
     let (dtype, gamma_dtype) = (x.dtype(), gamma.dtype());
     let shape = x.shape();
     let (images, channels, plane) = layout(&shape);
-    let (x, grad) = (contiguous_f32(x), contiguous_f32(grad));
+    let (x_tensor, grad_tensor) = (contiguous_f32(x), contiguous_f32(grad));
     let (gamma, mean, variance) = (
         contiguous_f32(gamma),
         contiguous_f32(mean),
         contiguous_f32(variance),
     );
-    let (x, grad) = (values(&x), values(&grad));
+    let (x, grad) = (values(&x_tensor), values(&grad_tensor));
     let (gamma, mean, variance) = (values(&gamma), values(&mean), values(&variance));
     let inv_std: Vec<f64> = variance
         .iter()
@@ -250,28 +251,55 @@ pub(crate) fn backward(
             (mean[c], scale as f32, slope as f32, offset as f32)
         })
         .collect();
-    let mut input_grad = zeroed(x.len());
-    input_grad
-        .par_chunks_mut(plane)
-        .zip(x.par_chunks(plane).zip(grad.par_chunks(plane)))
-        .enumerate()
-        .for_each(|(index, (dx, (xs, gs)))| {
-            let (m, a, b, c) = coefficients[index % channels];
-            simd(
-                #[inline(always)]
-                || {
-                    dx.iter_mut()
-                        .zip(xs.iter().zip(gs))
-                        .for_each(|(d, (&v, &g))| *d = g * a + (v - m) * b + c)
-                },
-            );
-        });
+    let dx_of = |g: f32, v: f32, (m, a, b, c): (f32, f32, f32, f32)| g * a + (v - m) * b + c;
+    // The output gradient is consumed here: when nothing else holds it, dx overwrites it
+    // (the same arithmetic per element; no zeroed buffer to allocate and fill).
+    let input_grad = match writable(grad_tensor) {
+        Ok(mut dy) => {
+            dy.storage_mut::<f32>()
+                .par_chunks_mut(plane)
+                .zip(x.par_chunks(plane))
+                .enumerate()
+                .for_each(|(index, (gs, xs))| {
+                    let k = coefficients[index % channels];
+                    simd(
+                        #[inline(always)]
+                        || {
+                            gs.iter_mut()
+                                .zip(xs)
+                                .for_each(|(g, &v)| *g = dx_of(*g, v, k))
+                        },
+                    );
+                });
+            cast(dy, dtype)
+        }
+        Err(dy) => {
+            let grad = values(&dy);
+            let mut input_grad = zeroed(x.len());
+            input_grad
+                .par_chunks_mut(plane)
+                .zip(x.par_chunks(plane).zip(grad.par_chunks(plane)))
+                .enumerate()
+                .for_each(|(index, (dx, (xs, gs)))| {
+                    let k = coefficients[index % channels];
+                    simd(
+                        #[inline(always)]
+                        || {
+                            dx.iter_mut()
+                                .zip(xs.iter().zip(gs))
+                                .for_each(|(d, (&v, &g))| *d = dx_of(g, v, k))
+                        },
+                    );
+                });
+            tensor(input_grad, shape.clone(), dtype)
+        }
+    };
     let (beta_grad, gamma_grad): (Vec<f32>, Vec<f32>) = sums
         .iter()
         .map(|&(dy, dyx)| (dy as f32, dyx as f32))
         .unzip();
     (
-        tensor(input_grad, shape, dtype),
+        input_grad,
         tensor(gamma_grad, Shape::new([channels]), gamma_dtype),
         tensor(beta_grad, Shape::new([channels]), beta_dtype),
     )

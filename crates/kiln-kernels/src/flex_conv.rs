@@ -321,7 +321,7 @@ pub(crate) fn weight_gradient(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
-    if winograd::applies(dims, out_channels) {
+    if winograd::applies_to_weight_gradient(dims, out_channels) {
         return winograd::weight_gradient(x, grad, dims, batch, out_channels);
     }
     if shifted::applies(dims) {

@@ -57,6 +57,7 @@ mod simd;
 #[cfg(test)]
 mod test_support;
 mod winograd;
+mod winograd_batched;
 #[cfg(test)]
 mod winograd_tests;
 mod winograd_tiles;

@@ -1,6 +1,7 @@
 //! Winograd's forward and weight gradient equal the im2col path's (which the convolution
 //! tests compare with Burn's) to 1e-5 of the largest value, for odd and even sizes and every
-//! padding a 3×3 kernel allows, and do not depend on the thread count.
+//! padding a 3×3 kernel allows, in blocks of a few images and of many (the transforms across
+//! images), and do not depend on the thread count.
 
 use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
@@ -22,6 +23,12 @@ fn cases() -> Vec<Case> {
         (2, 3, [9, 6], [(0, 2), (1, 0)], 2),
         (5, 4, [3, 3], [(1, 1), (1, 1)], 40),
         (MIN_CHANNELS, MIN_CHANNELS + 8, [4, 4], [(1, 1), (1, 1)], 5),
+        // Small images in blocks of 8 or more: the transforms across images
+        // (`winograd_batched`), odd outputs and asymmetric paddings among them.
+        (3, 2, [5, 7], [(2, 2), (2, 2)], 12),
+        (2, 3, [9, 6], [(0, 2), (1, 0)], 17),
+        (2, 4, [6, 5], [(0, 0), (0, 0)], 20),
+        (4, 3, [8, 8], [(1, 1), (1, 1)], 35),
     ]
 }
 
@@ -114,6 +121,13 @@ fn only_unit_stride_3x3_kernels_with_enough_channels_take_winograd() {
         &dims(MIN_CHANNELS - 1, [MIN_OUTPUT, MIN_OUTPUT], [(1, 1), (1, 1)]),
         MIN_CHANNELS
     ));
+    // The weight gradient also at 4×4 for up to 128 × 128 channels.
+    let four = dims(128, [4, 4], [(1, 1), (1, 1)]);
+    assert!(!winograd::applies(&four, 128));
+    assert!(winograd::applies_to_weight_gradient(&four, 128));
+    assert!(!winograd::applies_to_weight_gradient(&four, 129));
+    let three = dims(128, [3, 3], [(1, 1), (1, 1)]);
+    assert!(!winograd::applies_to_weight_gradient(&three, 128));
     let strided = ConvDims {
         geometry: d.geometry.with_stride([2, 2]),
         ..d

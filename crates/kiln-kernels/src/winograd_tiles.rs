@@ -53,15 +53,17 @@ impl Tiling {
     }
 }
 
+/// `dst = a − b`.
 #[inline(always)]
-fn sub(dst: &mut [f32], a: &[f32], b: &[f32]) {
+pub(crate) fn sub(dst: &mut [f32], a: &[f32], b: &[f32]) {
     for ((d, a), b) in dst.iter_mut().zip(a).zip(b) {
         *d = a - b;
     }
 }
 
+/// `dst = a + b`.
 #[inline(always)]
-fn add(dst: &mut [f32], a: &[f32], b: &[f32]) {
+pub(crate) fn add(dst: &mut [f32], a: &[f32], b: &[f32]) {
     for ((d, a), b) in dst.iter_mut().zip(a).zip(b) {
         *d = a + b;
     }
