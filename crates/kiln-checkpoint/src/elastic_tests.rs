@@ -22,7 +22,7 @@ const STEPS: usize = 8;
 /// control: 0.41).
 const TOLERANCE: f64 = 1e-5;
 
-fn model(device: &Device) -> ResNet {
+pub(crate) fn model(device: &Device) -> ResNet {
     init_module(device, 4, || {
         ResNetConfig::resnet18(4)
             .with_stem(StemKind::Cifar)
@@ -64,7 +64,7 @@ struct Ended {
     state_tensors: Vec<usize>,
 }
 
-fn sgd() -> burn::optim::ModuleOptimizer {
+pub(crate) fn sgd() -> burn::optim::ModuleOptimizer {
     burn::optim::SgdConfig::new()
         .with_momentum(Some(burn::optim::momentum::MomentumConfig::new()))
         .init()

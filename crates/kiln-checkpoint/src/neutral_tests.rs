@@ -7,32 +7,17 @@
 use std::path::PathBuf;
 
 use burn::tensor::Device;
-use kiln_core::{FlatLayout, fingerprint, init_module, param_infos, read_params};
+use kiln_core::{FlatLayout, fingerprint, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_ddp::{DataParallel, DdpConfig};
-use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 use kiln_train::{LrSchedule, Trainer};
 
+use crate::elastic_tests::{model, sgd};
 use crate::{CheckpointStore, Checkpointer, RunIdentity};
 
 /// Samples per replica and step; 4 steps an epoch on 2 replicas.
 const BATCH: usize = 8;
 const STEPS: usize = 7;
-
-fn model(device: &Device) -> ResNet {
-    init_module(device, 9, || {
-        ResNetConfig::resnet18(4)
-            .with_stem(StemKind::Cifar)
-            .with_base_width(2)
-            .init(device)
-    })
-}
-
-fn sgd() -> burn::optim::ModuleOptimizer {
-    burn::optim::SgdConfig::new()
-        .with_momentum(Some(burn::optim::momentum::MomentumConfig::new()))
-        .init()
-}
 
 /// Rank 0's fingerprint (parameters and buffers) and running statistics after `STEPS` steps
 /// of `shards` replicas' worth of data on `replicas` replicas (one replica on two shards'
