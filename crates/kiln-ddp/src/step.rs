@@ -347,7 +347,10 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
             // replicas' updates at step k, not at the epoch's end), so a run that
             // checkpointed did not end bit for bit like one that did not. (PyTorch's DDP
             // broadcasts rank 0's buffers before every forward instead.)
-            SyncMode::Gradients => average(&self.comm, model, Selection::Buffers)?,
+            // (One replica has nothing to average.)
+            SyncMode::Gradients if self.comm.world_size() > 1 => {
+                average(&self.comm, model, Selection::Buffers)?
+            }
             _ => model,
         };
         let every = self.config.divergence_check_every;
