@@ -62,7 +62,8 @@ pub(crate) fn average<M: Module>(
 }
 
 /// Replaces every replica's buffers (batch-norm running statistics) with their mean over
-/// replicas, so that all replicas evaluate and checkpoint the same model.
+/// replicas, so that all replicas evaluate and checkpoint the same model (kiln's own
+/// synchronous step does this after every step).
 pub fn average_buffers<M: Module>(comm: &CommWorker, module: M) -> Result<M, CommError> {
     average(comm, module, Selection::Buffers)
 }

@@ -22,8 +22,9 @@
 //! - **Gradient clipping** by the global norm over all replicas and ZeRO shards
 //!   ([`DdpConfig::max_grad_norm`]).
 //! - **Compression** to f16/bf16 on the wire ([`Compression`]), **local SGD**
-//!   ([`SyncMode::LocalSgd`]), batch-norm statistics averaged before every evaluation, and
-//!   a **divergence check** that names the first parameter that differs.
+//!   ([`SyncMode::LocalSgd`]), batch-norm running statistics averaged over replicas after
+//!   every synchronous step (so a checkpoint or an evaluation changes nothing), and a
+//!   **divergence check** that names the first parameter that differs.
 //! - **Device gradients** ([`GradientPath`]): on accelerators, gradients stay on the device
 //!   and buckets are reduced by Burn's native all-reduce (NCCL) when every replica has its
 //!   own CUDA device, else staged through the host once per bucket.
