@@ -154,7 +154,7 @@ fn change_error(start: &[f32], want: &[f32], got: &[f32]) -> f64 {
     (diff / norm.max(1e-30)).sqrt()
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-elastic-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir

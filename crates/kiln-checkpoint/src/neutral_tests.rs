@@ -4,15 +4,13 @@
 //! checkpoints; a checkpoint mid-epoch took that mean earlier, which moved its rounding, so
 //! a run resumed from a SIGTERM checkpoint could end a few ulps off the uninterrupted one.)
 
-use std::path::PathBuf;
-
 use burn::tensor::Device;
 use kiln_core::{FlatLayout, fingerprint, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_ddp::{DataParallel, DdpConfig};
 use kiln_train::{LrSchedule, Trainer};
 
-use crate::elastic_tests::{model, sgd};
+use crate::elastic_tests::{model, scratch, sgd};
 use crate::{CheckpointStore, Checkpointer, RunIdentity};
 
 /// Samples per replica and step; 4 steps an epoch on 2 replicas.
@@ -24,11 +22,7 @@ const STEPS: usize = 7;
 /// data takes shard 0 only), checkpointing every `every` steps when given.
 fn run(replicas: usize, shards: usize, every: Option<usize>) -> (u64, Vec<f32>) {
     let data = SyntheticImages::new(2 * BATCH * 4, 4, 8, [3, 8, 8]);
-    let dir: Option<PathBuf> = every.map(|every| {
-        let dir = std::env::temp_dir().join(format!("kiln-neutral-{every}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
-    });
+    let dir = every.map(|every| scratch(&format!("neutral-{every}")));
     let config = DdpConfig {
         sync_batch_norm: false,
         ..DdpConfig::default()

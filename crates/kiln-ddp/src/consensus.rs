@@ -46,12 +46,15 @@ pub(crate) fn broadcast<M: Module>(
     Ok(write_params(module, &layout, &values))
 }
 
-/// Replaces every replica's values with the mean over replicas.
+/// Replaces every replica's values with the mean over replicas (nothing to do for one).
 pub(crate) fn average<M: Module>(
     comm: &CommWorker,
     module: M,
     selection: Selection,
 ) -> Result<M, CommError> {
+    if comm.world_size() == 1 {
+        return Ok(module);
+    }
     let layout = layout(&module, selection);
     if layout.is_empty() {
         return Ok(module);

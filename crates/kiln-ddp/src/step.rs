@@ -340,23 +340,18 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
             SyncMode::LocalSgd { period } if (step + 1).is_multiple_of(period) => {
                 average(&self.comm, model, Selection::All)?
             }
-            // Batch-norm running statistics: each replica's forward updated its own from its
-            // shard; their mean after every step keeps the replicas identical at all times.
-            // Averaged only before an evaluation or a checkpoint, a checkpoint written
-            // mid-epoch changed the statistics' rounding from then on (the mean of the
-            // replicas' updates at step k, not at the epoch's end), so a run that
-            // checkpointed did not end bit for bit like one that did not. (PyTorch's DDP
-            // broadcasts rank 0's buffers before every forward instead.)
-            // (One replica has nothing to average.)
-            SyncMode::Gradients if self.comm.world_size() > 1 => {
-                average(&self.comm, model, Selection::Buffers)?
-            }
+            // Batch-norm running statistics (each replica's forward updated its own): their
+            // mean after every step keeps the replicas identical at all times. Averaged only
+            // before evaluations and checkpoints, a checkpoint mid-epoch moved their rounding
+            // and the run no longer ended like one without it. (PyTorch's DDP broadcasts
+            // rank 0's buffers before every forward instead.)
+            SyncMode::Gradients => average(&self.comm, model, Selection::Buffers)?,
             _ => model,
         };
         let every = self.config.divergence_check_every;
         if every > 0 && (step + 1).is_multiple_of(every) && self.config.mode == SyncMode::Gradients
         {
-            // Running statistics legitimately differ between evaluations; parameters must not.
+            // The parameters: the running statistics were just averaged above.
             check_divergence(&self.comm, &model, Selection::Trainable)?;
         }
         Ok(model)
