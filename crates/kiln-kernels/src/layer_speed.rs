@@ -1,4 +1,5 @@
-//! Each of ResNet-18's convolutions (CIFAR stem, batch 32) timed alone on one thread: forward,
+//! Each of ResNet-18's convolutions (CIFAR stem, batch 32) timed alone (one thread unless
+//! `KILN_LAYER_THREADS` says otherwise): forward,
 //! input gradient and weight gradient by the path kiln picks, to set beside PyTorch's
 //! figures for the same shapes (`python3 xtask/peer/conv_layers.py`). Run with
 //! `cargo test --release -p kiln-kernels layer_speed -- --ignored --nocapture`
@@ -42,9 +43,14 @@ fn layer_speed() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(3);
+    // KILN_LAYER_THREADS=n runs in a pool of n threads (1).
+    let threads: usize = std::env::var("KILN_LAYER_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     let batch = 32;
     let mut totals = [0.0f64; 3];
-    in_pool(1, || {
+    in_pool(threads, || {
         let layers = resnet18_convolutions(width).into_iter().enumerate();
         let chosen = layers.filter(|(i, _)| only.is_none_or(|o| o == *i));
         for (_, (cin, cout, size, k, stride, count)) in chosen {
@@ -79,7 +85,7 @@ fn layer_speed() {
     });
     let [f, i, w] = totals;
     println!(
-        "width {width}, all layers: forward {f:.1} input grad {i:.1} weight grad {w:.1} ms, sum {:.1} ms",
+        "width {width}, {threads} thread(s), all layers: forward {f:.1} input grad {i:.1} weight grad {w:.1} ms, sum {:.1} ms",
         f + i + w
     );
 }

@@ -23,6 +23,10 @@
 //! - [`relu`] / [`add_relu`] — ReLU, and a residual block's `relu(a + b)` in one pass, split
 //!   over the replica's threads and in place when the input is not shared (Flex runs its
 //!   element-wise operations on one thread); Burn's bit for bit, output and gradients.
+//! - [`sgd_step`] — SGD's update (weight decay, momentum, Nesterov) in one pass over a
+//!   parameter, its gradient and its velocity, split over the replica's threads, instead of
+//!   Burn's `Sgd`'s up to seven single-threaded passes; Burn's bit for bit. `kiln-train`'s
+//!   `FusedSgd` optimizer runs it.
 //!
 //! Results do not depend on the thread count: work is split into pieces that never write the
 //! same element, and every sum runs in an order fixed by the shapes.
@@ -43,6 +47,7 @@ mod conv_tests;
 mod flex_activation;
 mod flex_batch_norm;
 mod flex_conv;
+mod flex_sgd;
 mod gemm;
 mod geometry;
 mod im2col;
@@ -50,6 +55,11 @@ mod im2col_strided;
 #[cfg(test)]
 mod layer_speed;
 mod norm_extension;
+mod sgd;
+mod sgd_extension;
+mod sgd_rule;
+#[cfg(test)]
+mod sgd_tests;
 mod shifted;
 #[cfg(test)]
 mod shifted_tests;
@@ -70,3 +80,6 @@ pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
 pub use geometry::ConvGeometry;
 pub use norm_extension::BatchNormKernel;
+pub use sgd::sgd_step;
+pub use sgd_extension::SgdKernel;
+pub use sgd_rule::{MomentumCoefficients, SgdCoefficients};

@@ -37,6 +37,9 @@
 mod accumulate;
 mod error;
 mod evaluate;
+mod fused_sgd;
+#[cfg(test)]
+mod fused_sgd_tests;
 mod mean_gradient;
 mod metrics;
 mod objective;
@@ -55,6 +58,7 @@ mod trainer;
 
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
+pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, StepRecord, TrainReport};
 pub use objective::{

@@ -8,6 +8,7 @@ mod checkpoint;
 mod collectives;
 mod ddp;
 mod loader;
+mod optimizer;
 mod overhead;
 mod peer;
 mod pipeline;
@@ -44,7 +45,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 11] = [
+const SUITE: [(&str, Bench); 12] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -52,6 +53,7 @@ const SUITE: [(&str, Bench); 11] = [
     ("amp", amp::run),
     ("threads", threads::run),
     ("profile", profile::run),
+    ("optimizer", optimizer::run),
     ("peer", peer::run),
     ("pipeline", pipeline::run),
     ("planner", planner::run),

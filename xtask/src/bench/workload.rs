@@ -69,9 +69,10 @@ pub fn replica_devices(devices: &[Device], replicas: usize) -> Vec<Device> {
         .collect()
 }
 
-/// SGD with momentum 0.9: the optimizer every training benchmark uses.
+/// SGD with momentum 0.9 (Burn's `Sgd` arithmetic in kiln's one-pass kernel): the optimizer
+/// every training benchmark uses.
 pub fn optimizer() -> burn::optim::ModuleOptimizer {
-    burn::optim::SgdConfig::new()
+    kiln::train::FusedSgdConfig::new()
         .with_momentum(Some(
             burn::optim::momentum::MomentumConfig::new().with_momentum(0.9),
         ))
