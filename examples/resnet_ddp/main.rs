@@ -274,7 +274,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             outcome.rank,
             images / secs.max(1e-9)
         );
-        {
+        if outcome.sync.buckets == 0 {
+            line += " | sync: nothing to exchange (one replica)";
+        } else {
             let stats = &outcome.sync;
             line += &format!(
                 " | sync ({}): {:.1} MB/step in {} buckets, exposed {:.1}% of compute",

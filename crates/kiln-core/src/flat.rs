@@ -6,6 +6,7 @@
 //! [`GradWriter`] (gradients → buffer), [`grads_from_flat`] (buffer → `GradientsParams`),
 //! [`ParamReader`] (values → buffer) and [`ParamWriter`] (buffer → values).
 
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -95,6 +96,9 @@ impl FlatLayout {
     }
 }
 
+/// Elements per parallel piece of a gradient copy.
+const PIECE: usize = 1 << 14;
+
 fn tensor_values<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
     tensor
         .into_data()
@@ -132,18 +136,16 @@ impl ModuleVisitor for GradWriter<'_> {
             Some(grad) => {
                 let values = tensor_values(grad);
                 let scale = self.scale;
+                // In pieces over the caller's rayon pool (a replica's threads): each element
+                // is computed alike whichever thread takes its piece.
+                let pieces = target.par_chunks_mut(PIECE).zip(values.par_chunks(PIECE));
                 if self.accumulate {
-                    target
-                        .iter_mut()
-                        .zip(values)
-                        .for_each(|(t, v)| *t += v * scale);
+                    pieces
+                        .for_each(|(t, v)| t.iter_mut().zip(v).for_each(|(t, v)| *t += v * scale));
                 } else if scale == 1.0 {
-                    target.copy_from_slice(&values);
+                    pieces.for_each(|(t, v)| t.copy_from_slice(v));
                 } else {
-                    target
-                        .iter_mut()
-                        .zip(values)
-                        .for_each(|(t, v)| *t = v * scale);
+                    pieces.for_each(|(t, v)| t.iter_mut().zip(v).for_each(|(t, v)| *t = v * scale));
                 }
             }
             None if !self.accumulate => target.fill(0.0),

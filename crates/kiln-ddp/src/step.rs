@@ -21,7 +21,7 @@ use crate::consensus::{Selection, average, check_divergence};
 use crate::grads::{GradStore, grads_from_buckets};
 use crate::pass::{GroupSink, Pass, PassContext};
 use crate::plan::BucketPlan;
-use crate::reduce::{Finished, Wire};
+use crate::reduce::{Finished, InFlight, Wire};
 use crate::stats::SyncStats;
 use crate::zero::ZeroPlan;
 use crate::{Compression, DdpConfig, SyncMode};
@@ -281,7 +281,11 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
 
         let wait_start = Instant::now();
         let in_flight = bucketing.into_in_flight();
-        let buckets = in_flight.len();
+        // Buckets that travel: a lone replica's host buckets stay where they are.
+        let buckets = in_flight
+            .iter()
+            .filter(|f| !matches!(f, InFlight::Alone))
+            .count();
         let Finished {
             reduced,
             total,
@@ -313,7 +317,7 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
             stats.communication += communication;
             stats.exposed += exposed;
             stats.buckets += buckets;
-            if synchronous {
+            if synchronous && buckets > 0 {
                 let element = match self.config.compression {
                     Compression::None => 4,
                     Compression::F16 | Compression::Bf16 => 2,

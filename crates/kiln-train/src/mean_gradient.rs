@@ -1,6 +1,7 @@
 //! The one rule every kiln step follows to turn micro-batch gradients into the optimizer's
 //! gradient, whatever the precision and however many replicas.
 
+use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
 use kiln_amp::{AmpStats, MixedPrecision};
@@ -86,8 +87,11 @@ pub trait GradientValues {
 }
 
 impl GradientValues for [f32] {
+    /// In pieces over the caller's rayon pool (a replica's whole gradient, once per step);
+    /// each element's product is the same whichever thread computes it.
     fn scale(&mut self, factor: f32) {
-        self.iter_mut().for_each(|g| *g *= factor);
+        self.par_chunks_mut(1 << 14)
+            .for_each(|piece| piece.iter_mut().for_each(|g| *g *= factor));
     }
 
     fn summary(&self) -> GradientSummary {
