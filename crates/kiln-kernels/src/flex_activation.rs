@@ -57,7 +57,7 @@ pub(crate) fn writable(mut tensor: FlexTensor) -> Result<FlexTensor, FlexTensor>
 
 /// `tensor` as an f32 tensor whose elements lie in one contiguous run (copied only when it
 /// is not one already: a strided view, or another dtype).
-fn readable(tensor: FlexTensor) -> FlexTensor {
+pub(crate) fn readable(tensor: FlexTensor) -> FlexTensor {
     let tensor = if tensor.dtype() == DType::F32 {
         tensor
     } else {

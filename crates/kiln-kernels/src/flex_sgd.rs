@@ -11,10 +11,10 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, FlexDevice, TensorMetadata};
-use burn::tensor::{DType, FloatDType, TensorData};
+use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use crate::flex_activation::writable;
+use crate::flex_activation::{readable, writable};
 use crate::sgd_rule::SgdCoefficients;
 use crate::simd::simd;
 use crate::zeroed::zeroed;
@@ -23,20 +23,6 @@ type FlexTensor = FloatTensor<Flex>;
 
 /// Elements per parallel piece.
 const PIECE: usize = 1 << 14;
-
-/// `tensor` as a contiguous f32 tensor (copied only when it is not one).
-fn readable(tensor: FlexTensor) -> FlexTensor {
-    let tensor = if tensor.dtype() == DType::F32 {
-        tensor
-    } else {
-        Flex::float_cast(tensor, FloatDType::F32)
-    };
-    if tensor.as_slice::<f32>().is_some() {
-        tensor
-    } else {
-        tensor.to_contiguous()
-    }
-}
 
 /// A buffer to write `tensor`'s update into: its own storage when it can be overwritten,
 /// else a copy of its values (returned as the second element).
@@ -103,41 +89,13 @@ pub(crate) fn step(
         (Some(_), Some(velocity)) => {
             assert_eq!(velocity.shape(), grad.shape(), "sgd: velocity shape");
             let mut velocity = Target::new(velocity);
-            param
-                .values()
-                .par_chunks_mut(PIECE)
-                .zip(velocity.values().par_chunks_mut(PIECE))
-                .zip(g.par_chunks(PIECE))
-                .for_each(|((p, v), g)| {
-                    simd(
-                        #[inline(always)]
-                        || {
-                            for ((p, v), g) in p.iter_mut().zip(v.iter_mut()).zip(g) {
-                                (*p, *v) = c.element(*p, *g, Some(*v));
-                            }
-                        },
-                    )
-                });
+            with_velocity(param.values(), velocity.values(), g, c, false);
             Some(velocity.finish())
         }
         (Some(_), None) => {
             // The first step: the velocity starts as the (decayed) gradient.
             let mut velocity = zeroed(g.len());
-            param
-                .values()
-                .par_chunks_mut(PIECE)
-                .zip(velocity.par_chunks_mut(PIECE))
-                .zip(g.par_chunks(PIECE))
-                .for_each(|((p, v), g)| {
-                    simd(
-                        #[inline(always)]
-                        || {
-                            for ((p, v), g) in p.iter_mut().zip(v.iter_mut()).zip(g) {
-                                (*p, *v) = c.element(*p, *g, None);
-                            }
-                        },
-                    )
-                });
+            with_velocity(param.values(), &mut velocity, g, c, true);
             Some(Flex::float_from_data(
                 TensorData::new(velocity, grad.shape()),
                 &FlexDevice,
@@ -157,6 +115,32 @@ fn each(dst: &mut [f32], src: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
                 || {
                     for (d, s) in d.iter_mut().zip(s) {
                         *d = f(*d, *s);
+                    }
+                },
+            )
+        });
+}
+
+/// The step of `param` and `velocity` given `grad`, in pieces over the pool; on momentum's
+/// `first` step the velocity's old values are not read (it starts as the gradient).
+fn with_velocity(
+    param: &mut [f32],
+    velocity: &mut [f32],
+    grad: &[f32],
+    c: SgdCoefficients,
+    first: bool,
+) {
+    param
+        .par_chunks_mut(PIECE)
+        .zip(velocity.par_chunks_mut(PIECE))
+        .zip(grad.par_chunks(PIECE))
+        .for_each(|((p, v), g)| {
+            simd(
+                #[inline(always)]
+                || {
+                    for ((p, v), g) in p.iter_mut().zip(v.iter_mut()).zip(g) {
+                        let previous = (!first).then_some(*v);
+                        (*p, *v) = c.element(*p, *g, previous);
                     }
                 },
             )
