@@ -72,7 +72,11 @@ pub(crate) fn readable(tensor: FlexTensor) -> FlexTensor {
 
 /// `dst[i] = f(dst[i], src[i])` (with `src` = `dst` read before writing) in pieces over the
 /// pool, under the SIMD dispatch.
-fn each_in_place(dst: &mut [f32], src: Option<&[f32]>, f: impl Fn(f32, f32) -> f32 + Sync) {
+pub(crate) fn each_in_place(
+    dst: &mut [f32],
+    src: Option<&[f32]>,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) {
     match src {
         None => dst.par_chunks_mut(PIECE).for_each(|d| {
             simd(

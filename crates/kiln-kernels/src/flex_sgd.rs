@@ -11,10 +11,10 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, FlexDevice, TensorMetadata};
-use burn::tensor::TensorData;
+use burn::tensor::{Shape, TensorData};
 use rayon::prelude::*;
 
-use crate::flex_activation::{readable, writable};
+use crate::flex_activation::{each_in_place, readable, writable};
 use crate::sgd_rule::SgdCoefficients;
 use crate::simd::simd;
 use crate::zeroed::zeroed;
@@ -25,10 +25,10 @@ type FlexTensor = FloatTensor<Flex>;
 const PIECE: usize = 1 << 14;
 
 /// A buffer to write `tensor`'s update into: its own storage when it can be overwritten,
-/// else a copy of its values (returned as the second element).
+/// else a copy of its values (with the tensor's shape; the shared tensor is let go).
 enum Target {
     InPlace(FlexTensor),
-    Copy(Vec<f32>, FlexTensor),
+    Copy(Vec<f32>, Shape),
 }
 
 impl Target {
@@ -37,7 +37,7 @@ impl Target {
             Ok(tensor) => Target::InPlace(tensor),
             Err(shared) => {
                 let values = shared.as_slice::<f32>().expect("contiguous f32").to_vec();
-                Target::Copy(values, shared)
+                Target::Copy(values, shared.shape())
             }
         }
     }
@@ -52,8 +52,8 @@ impl Target {
     fn finish(self) -> FlexTensor {
         match self {
             Target::InPlace(tensor) => tensor,
-            Target::Copy(values, like) => {
-                Flex::float_from_data(TensorData::new(values, like.shape()), &FlexDevice)
+            Target::Copy(values, shape) => {
+                Flex::float_from_data(TensorData::new(values, shape), &FlexDevice)
             }
         }
     }
@@ -83,7 +83,7 @@ pub(crate) fn step(
     let c = coefficients;
     let velocity = match (c.momentum, velocity) {
         (None, _) => {
-            each(param.values(), g, |p, g| c.element(p, g, None).0);
+            each_in_place(param.values(), Some(g), |p, g| c.element(p, g, None).0);
             None
         }
         (Some(_), Some(velocity)) => {
@@ -103,22 +103,6 @@ pub(crate) fn step(
         }
     };
     (param.finish(), velocity)
-}
-
-/// `dst[i] = f(dst[i], src[i])` in pieces over the pool.
-fn each(dst: &mut [f32], src: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
-    dst.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE))
-        .for_each(|(d, s)| {
-            simd(
-                #[inline(always)]
-                || {
-                    for (d, s) in d.iter_mut().zip(s) {
-                        *d = f(*d, *s);
-                    }
-                },
-            )
-        });
 }
 
 /// The step of `param` and `velocity` given `grad`, in pieces over the pool; on momentum's

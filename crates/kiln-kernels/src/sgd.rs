@@ -46,6 +46,9 @@ pub fn sgd_step<const D: usize>(
         velocity.is_none() || coefficients.momentum.is_some(),
         "sgd: a velocity without momentum"
     );
+    if let Some(v) = &velocity {
+        assert_eq!(v.shape(), param.shape(), "sgd: velocity shape");
+    }
     let f32_flex = |t: &Tensor<D>| on_flex(t) && t.dtype() == DType::F32;
     let fits = f32_flex(&param)
         && f32_flex(&grad)
@@ -55,9 +58,6 @@ pub fn sgd_step<const D: usize>(
             .is_none_or(|v| f32_flex(v) && v.device() == param.device());
     if !fits {
         return burn_sgd_step(param, grad, velocity, coefficients);
-    }
-    if let Some(v) = &velocity {
-        assert_eq!(v.shape(), param.shape(), "sgd: velocity shape");
     }
     let (param, grad) = (param.into_dispatch(), grad.into_dispatch());
     match (coefficients.momentum, velocity) {
