@@ -24,7 +24,7 @@ use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
 use crate::zeroed::zeroed;
-use crate::{shifted, winograd};
+use crate::{shifted, winograd, winograd4};
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
 const BLOCK_POSITIONS: usize = 256;
@@ -138,6 +138,9 @@ pub(crate) fn forward_values(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
+    if winograd4::applies(dims, out_channels) {
+        return winograd4::forward(x, weight, dims, batch, out_channels);
+    }
     if winograd::applies(dims, out_channels) {
         return winograd::forward(x, weight, dims, batch, out_channels);
     }
@@ -282,7 +285,7 @@ fn flipped_weight(weight: &[f32], dims: &ConvDims, out_channels: usize) -> Vec<f
 }
 
 /// `col2im(weightᵀ × grad)`, block by block.
-fn scattered_input_gradient(
+pub(crate) fn scattered_input_gradient(
     weight: &[f32],
     grad: &[f32],
     dims: &ConvDims,

@@ -67,6 +67,11 @@ mod simd;
 #[cfg(test)]
 mod test_support;
 mod winograd;
+mod winograd4;
+mod winograd4_batched;
+#[cfg(test)]
+mod winograd4_tests;
+mod winograd4_tiles;
 mod winograd_batched;
 #[cfg(test)]
 mod winograd_tests;

@@ -69,7 +69,7 @@ pub(crate) fn applies_to_weight_gradient(dims: &ConvDims, out_channels: usize) -
 }
 
 /// A 3×3 kernel, unit stride and dilation, at least [`MIN_CHANNELS`] channels each side.
-fn shape_fits(dims: &ConvDims, out_channels: usize) -> bool {
+pub(crate) fn shape_fits(dims: &ConvDims, out_channels: usize) -> bool {
     let g = dims.geometry;
     dims.kernel == [3, 3]
         && g.stride == [1, 1]
@@ -126,18 +126,23 @@ fn both_ways<const R: usize, const S: usize>(
 /// width-64 step's main thread on 2 threads).
 const PAIRS_PER_PIECE: usize = 512;
 
-/// The transformed kernel `G g Gᵀ` of `weight` (`[Cout, Cin·9]`), laid out `[16, Cout, Cin]`:
-/// one row-major GEMM operand per point. Pieces of pairs run in parallel, each writing its
-/// own range of every point's row.
-fn transform_kernel(weight: &[f32], channels: usize, out_channels: usize) -> Vec<f32> {
+/// The transformed kernel `G g Gᵀ` of `weight` (`[Cout, Cin·9]`) for the 1-D transform
+/// `kernel_1d` (`G`, 3 → `S`), laid out `[S², Cout, Cin]`: one row-major GEMM operand per
+/// point. Pieces of pairs run in parallel, each writing its own range of every point's row.
+pub(crate) fn transform_kernel<const S: usize>(
+    weight: &[f32],
+    channels: usize,
+    out_channels: usize,
+    kernel_1d: impl Fn([f32; 3]) -> [f32; S] + Sync,
+) -> Vec<f32> {
     let pairs = out_channels * channels;
-    let mut u = zeroed(POINTS * pairs);
+    let mut u = zeroed(S * S * pairs);
     // pieces[k][point]: piece k's range of that point's row.
     let mut pieces: Vec<Vec<&mut [f32]>> = Vec::new();
     for row in u.chunks_mut(pairs.max(1)) {
         for (k, range) in row.chunks_mut(PAIRS_PER_PIECE).enumerate() {
             if pieces.len() <= k {
-                pieces.push(Vec::with_capacity(POINTS));
+                pieces.push(Vec::with_capacity(S * S));
             }
             pieces[k].push(range);
         }
@@ -151,7 +156,7 @@ fn transform_kernel(weight: &[f32], channels: usize, out_channels: usize) -> Vec
             for (offset, g) in kernels.enumerate() {
                 let g: [[f32; 3]; 3] =
                     std::array::from_fn(|i| [g[3 * i], g[3 * i + 1], g[3 * i + 2]]);
-                for (point, value) in both_ways(g, kernel_1d).iter().flatten().enumerate() {
+                for (point, value) in both_ways(g, &kernel_1d).iter().flatten().enumerate() {
                     rows[point][offset] = *value;
                 }
             }
@@ -169,7 +174,7 @@ pub(crate) fn forward(
     out_channels: usize,
 ) -> Vec<f32> {
     let tiling = Tiling::new(dims);
-    let u = transform_kernel(weight, dims.channels, out_channels);
+    let u = transform_kernel(weight, dims.channels, out_channels, kernel_1d);
     let [out_h, out_w] = dims.output;
     let plane = out_h * out_w;
     let size = block_images(tiling, BLOCK_TILES);

@@ -1,0 +1,116 @@
+//! Winograd F(4×4, 3×3) for the forward convolution (and so the unit-stride input gradient,
+//! a forward with the flipped kernel) of larger images: 36 multiply-adds per 4×4 output
+//! tile and channel pair where F(2×2, 3×3) spends 64 (four 2×2 tiles of 16) and im2col 144.
+//!
+//! Each 4×4 output tile is `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A` of its 6×6 input tile `d`, with the
+//! interpolation points 0, ±1, ±2 (Lavin and Gray, 2016); summed over the input channels the
+//! element-wise products are 36 GEMMs per block of images, `U[ξ] [Cout, Cin] × V[ξ] [Cin,
+//! tiles]`. Unlike F(2×2, 3×3), whose coefficients are 0, ±1 and ½, these transforms scale by
+//! up to 8 and by ¼, ⅙, 1⁄12 and 1⁄24, so results differ from im2col's by more rounding
+//! (within 1e-4 of the largest output for ResNet's shapes and values, `winograd4_tests`);
+//! the weight gradient, whose errors would compound in the optimizer's state, stays on F(2×2,
+//! 3×3). Blocks, tiles and summation orders follow the shapes, never the thread count.
+
+use rayon::prelude::*;
+
+use crate::block_sum::block;
+use crate::gemm::{Matrix, matmul};
+use crate::im2col::ConvDims;
+use crate::winograd::{shape_fits, transform_kernel};
+use crate::winograd4_batched;
+use crate::winograd4_tiles::{
+    LANES, POINTS, Tiling, channel_stride, transform_input, transform_output,
+};
+use crate::zeroed::zeroed;
+
+/// Tiles a block's GEMMs should see at least (the column count of each of its 36 GEMMs).
+const BLOCK_TILES: usize = 64;
+
+/// Images a block of narrow images holds, so that their transforms run across the images
+/// ([`winograd4_batched`]): one vector's worth.
+const BATCHED_IMAGES: usize = LANES;
+
+/// Smallest output height and width that takes this path.
+pub(crate) const MIN_OUTPUT: usize = 16;
+
+/// Whether the forward convolution of `dims` with `out_channels` outputs takes this path: the
+/// shapes F(2×2, 3×3) takes (a 3×3 kernel, unit stride and dilation, enough channels), with
+/// an output of at least [`MIN_OUTPUT`] in both dimensions.
+pub(crate) fn applies(dims: &ConvDims, out_channels: usize) -> bool {
+    shape_fits(dims, out_channels) && dims.output[0].min(dims.output[1]) >= MIN_OUTPUT
+}
+
+/// `G v` for a column or row of a kernel: `v0/4`, `−(v0 ± v1 + v2)/6`,
+/// `(v0 ± 2v1 + 4v2)/24`, `v2`.
+#[inline(always)]
+fn kernel_1d(v: [f32; 3]) -> [f32; 6] {
+    let (outer, inner) = (v[0] + v[2], v[0] + 4.0 * v[2]);
+    [
+        0.25 * v[0],
+        -(outer + v[1]) / 6.0,
+        -(outer - v[1]) / 6.0,
+        (inner + 2.0 * v[1]) / 24.0,
+        (inner - 2.0 * v[1]) / 24.0,
+        v[2],
+    ]
+}
+
+/// `x` `[N, Cin, H, W]` convolved with `weight` `[Cout, Cin·9]` (see [`applies`]): `[N, Cout,
+/// Ho, Wo]`.
+pub(crate) fn forward(
+    x: &[f32],
+    weight: &[f32],
+    dims: &ConvDims,
+    batch: usize,
+    out_channels: usize,
+) -> Vec<f32> {
+    let tiling = Tiling::new(dims);
+    let u = transform_kernel(weight, dims.channels, out_channels, kernel_1d);
+    let [out_h, out_w] = dims.output;
+    let plane = out_h * out_w;
+    let mut size = BLOCK_TILES.div_ceil(tiling.per_image().max(1)).max(1);
+    if winograd4_batched::applies(tiling, batch.min(BATCHED_IMAGES)) {
+        size = size.max(BATCHED_IMAGES);
+    }
+    let pairs = out_channels * dims.channels;
+    let mut output = zeroed(batch * out_channels * plane);
+    output
+        .par_chunks_mut(size * out_channels * plane)
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(v, m), (index, out)| {
+                let images = block(index, size, batch);
+                let tiles = images.len() * tiling.per_image();
+                let batched = winograd4_batched::applies(tiling, images.len());
+                v.resize(dims.channels * channel_stride(tiles), 0.0);
+                if batched {
+                    winograd4_batched::transform_input(x, dims, tiling, images, v);
+                } else {
+                    transform_input(x, dims, tiling, images, v);
+                }
+                m.resize(POINTS * out_channels * tiles, 0.0);
+                let lhs = Matrix::row_major(out_channels, dims.channels);
+                let rhs = Matrix {
+                    rows: dims.channels,
+                    cols: tiles,
+                    row_stride: channel_stride(tiles),
+                    col_stride: 1,
+                };
+                for point in 0..POINTS {
+                    matmul(
+                        &mut m[point * out_channels * tiles..][..out_channels * tiles],
+                        false,
+                        (&u[point * pairs..][..pairs], lhs),
+                        (&v[point * tiles..], rhs),
+                    );
+                }
+                if batched {
+                    winograd4_batched::transform_output(m, dims, tiling, out_channels, tiles, out);
+                } else {
+                    transform_output(m, dims, tiling, out_channels, tiles, out);
+                }
+            },
+        );
+    output
+}
