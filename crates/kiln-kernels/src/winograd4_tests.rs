@@ -135,12 +135,14 @@ fn winograd4_speed() {
             let d = dims(c, [size, size], [(1, 1), (1, 1)]);
             let x = values(batch * d.image_len(), 1);
             let weight = values(c * c * 9, 2);
-            let best = |f: &dyn Fn() -> Vec<f32>| {
-                (0..3).map(|_| fastest_ms(f)).fold(f64::INFINITY, f64::min)
-            };
-            let f4 = best(&|| winograd4::forward(&x, &weight, &d, batch, c));
-            let f2 = best(&|| winograd::forward(&x, &weight, &d, batch, c));
-            let im = best(&|| im2col_forward(&x, &weight, &d, batch, c));
+            // Rounds interleaved, the fastest of each: the machine's load changes within a
+            // run, and every path should see the same.
+            let (mut f4, mut f2, mut im) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+            for _ in 0..5 {
+                f4 = f4.min(fastest_ms(&|| winograd4::forward(&x, &weight, &d, batch, c)));
+                f2 = f2.min(fastest_ms(&|| winograd::forward(&x, &weight, &d, batch, c)));
+                im = im.min(fastest_ms(&|| im2col_forward(&x, &weight, &d, batch, c)));
+            }
             let error = relative_error(
                 &winograd4::forward(&x, &weight, &d, batch, c),
                 &im2col_forward(&x, &weight, &d, batch, c),
