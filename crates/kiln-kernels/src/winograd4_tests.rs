@@ -139,7 +139,9 @@ fn winograd4_speed() {
             // run, and every path should see the same.
             let (mut f4, mut f2, mut im) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
             for _ in 0..5 {
-                f4 = f4.min(fastest_ms(&|| winograd4::forward(&x, &weight, &d, batch, c)));
+                f4 = f4.min(fastest_ms(&|| {
+                    winograd4::forward(&x, &weight, &d, batch, c)
+                }));
                 f2 = f2.min(fastest_ms(&|| winograd::forward(&x, &weight, &d, batch, c)));
                 im = im.min(fastest_ms(&|| im2col_forward(&x, &weight, &d, batch, c)));
             }
