@@ -68,11 +68,11 @@ mod simd;
 mod test_support;
 mod winograd;
 mod winograd4;
-mod winograd4_batched;
 #[cfg(test)]
 mod winograd4_tests;
 mod winograd4_tiles;
 mod winograd_batched;
+mod winograd_images;
 #[cfg(test)]
 mod winograd_tests;
 mod winograd_tiles;

@@ -14,6 +14,8 @@
 //! which stay within the tolerance the im2col path meets against Burn. Blocks, tiles and every
 //! summation order follow the shapes, never the thread count.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::block_sum::{block, sum_over_blocks};
@@ -175,11 +177,49 @@ pub(crate) fn forward(
 ) -> Vec<f32> {
     let tiling = Tiling::new(dims);
     let u = transform_kernel(weight, dims.channels, out_channels, kernel_1d);
-    let [out_h, out_w] = dims.output;
-    let plane = out_h * out_w;
     let size = block_images(tiling, BLOCK_TILES);
-    let mut output = zeroed(batch * out_channels * plane);
-    output
+    let batched = |images: &Range<usize>| winograd_batched::applies(tiling, images.len());
+    forward_blocks(
+        dims,
+        (batch, out_channels),
+        (tiling, size),
+        (POINTS, &u),
+        |images, v| {
+            if batched(&images) {
+                winograd_batched::transform_input(x, dims, tiling, images, v);
+            } else {
+                transform_input(x, dims, tiling, images, v);
+            }
+        },
+        |m, images, out| {
+            let tiles = images.len() * tiling.per_image();
+            if batched(&images) {
+                winograd_batched::transform_output(m, dims, tiling, out_channels, tiles, out);
+            } else {
+                transform_output(m, dims, tiling, out_channels, tiles, out);
+            }
+        },
+    )
+}
+
+/// A Winograd forward's blocks, for any tile size: `size` images a block (of `tiling`'s
+/// tiles), each block's input transformed into `v` (`[Cin, points, tiles]`, channels `points ·
+/// tiles + 16` apart) by `input(images, v)`, one GEMM per point of the transformed kernel `u`
+/// (`[points, Cout, Cin]`) into `m` (`[points, Cout, tiles]`), and `m` into the block's output
+/// (`[images, Cout, Ho, Wo]`) by `output(m, images, out)`. Blocks run in parallel, each reusing
+/// its rayon split's buffers.
+pub(crate) fn forward_blocks(
+    dims: &ConvDims,
+    (batch, out_channels): (usize, usize),
+    (tiling, size): (Tiling, usize),
+    (points, u): (usize, &[f32]),
+    input: impl Fn(Range<usize>, &mut [f32]) + Sync,
+    output: impl Fn(&[f32], Range<usize>, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let plane = dims.output[0] * dims.output[1];
+    let pairs = out_channels * dims.channels;
+    let mut result = zeroed(batch * out_channels * plane);
+    result
         .par_chunks_mut(size * out_channels * plane)
         .enumerate()
         .for_each_init(
@@ -187,23 +227,19 @@ pub(crate) fn forward(
             |(v, m), (index, out)| {
                 let images = block(index, size, batch);
                 let tiles = images.len() * tiling.per_image();
-                let batched = winograd_batched::applies(tiling, images.len());
-                v.resize(dims.channels * channel_stride(tiles), 0.0);
-                if batched {
-                    winograd_batched::transform_input(x, dims, tiling, images, v);
-                } else {
-                    transform_input(x, dims, tiling, images, v);
-                }
-                m.resize(POINTS * out_channels * tiles, 0.0);
+                // The transformed layouts' channel distance (`winograd_tiles::channel_stride`).
+                let channel_stride = points * tiles + 16;
+                v.resize(dims.channels * channel_stride, 0.0);
+                input(images.clone(), v);
+                m.resize(points * out_channels * tiles, 0.0);
                 let lhs = Matrix::row_major(out_channels, dims.channels);
                 let rhs = Matrix {
                     rows: dims.channels,
                     cols: tiles,
-                    row_stride: channel_stride(tiles),
+                    row_stride: channel_stride,
                     col_stride: 1,
                 };
-                for point in 0..POINTS {
-                    let pairs = out_channels * dims.channels;
+                for point in 0..points {
                     matmul(
                         &mut m[point * out_channels * tiles..][..out_channels * tiles],
                         false,
@@ -211,14 +247,10 @@ pub(crate) fn forward(
                         (&v[point * tiles..], rhs),
                     );
                 }
-                if batched {
-                    winograd_batched::transform_output(m, dims, tiling, out_channels, tiles, out);
-                } else {
-                    transform_output(m, dims, tiling, out_channels, tiles, out);
-                }
+                output(m, images, out);
             },
         );
-    output
+    result
 }
 
 /// The weight gradient `[Cout, Cin·9]` of [`forward`] given the output gradient `grad`:

@@ -11,24 +11,29 @@
 //! the weight gradient, whose errors would compound in the optimizer's state, stays on F(2×2,
 //! 3×3). Blocks, tiles and summation orders follow the shapes, never the thread count.
 
-use rayon::prelude::*;
+use std::ops::Range;
 
-use crate::block_sum::block;
-use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
-use crate::winograd::{shape_fits, transform_kernel};
-use crate::winograd4_batched;
+use crate::winograd::{forward_blocks, shape_fits, transform_kernel};
+use crate::winograd_images;
+use crate::winograd_tiles::Tiling;
 use crate::winograd4_tiles::{
-    LANES, POINTS, Tiling, channel_stride, transform_input, transform_output,
+    LANES, POINTS, input_1d, output_1d, transform_input, transform_output,
 };
-use crate::zeroed::zeroed;
 
 /// Tiles a block's GEMMs should see at least (the column count of each of its 36 GEMMs).
 const BLOCK_TILES: usize = 64;
 
 /// Images a block of narrow images holds, so that their transforms run across the images
-/// ([`winograd4_batched`]): one vector's worth.
+/// ([`winograd_images`]): one vector's worth.
 const BATCHED_IMAGES: usize = LANES;
+
+/// Whether a block of `images` images of `tiling` transforms across its images: tile rows
+/// under 8 tiles (at a 16×16 output a plane's runs are 4 tiles, and the plane-wise input
+/// transform ran 2.3× longer than across 16 images) and a whole vector of images.
+fn across_images(tiling: Tiling, images: usize) -> bool {
+    tiling.cols < 8 && images >= LANES
+}
 
 /// Smallest output height and width that takes this path.
 pub(crate) const MIN_OUTPUT: usize = 16;
@@ -64,53 +69,40 @@ pub(crate) fn forward(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
-    let tiling = Tiling::new(dims);
+    let tiling = Tiling::with_side(dims, 4);
     let u = transform_kernel(weight, dims.channels, out_channels, kernel_1d);
-    let [out_h, out_w] = dims.output;
-    let plane = out_h * out_w;
     let mut size = BLOCK_TILES.div_ceil(tiling.per_image().max(1)).max(1);
-    if winograd4_batched::applies(tiling, batch.min(BATCHED_IMAGES)) {
+    if across_images(tiling, batch.min(BATCHED_IMAGES)) {
         size = size.max(BATCHED_IMAGES);
     }
-    let pairs = out_channels * dims.channels;
-    let mut output = zeroed(batch * out_channels * plane);
-    output
-        .par_chunks_mut(size * out_channels * plane)
-        .enumerate()
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(v, m), (index, out)| {
-                let images = block(index, size, batch);
-                let tiles = images.len() * tiling.per_image();
-                let batched = winograd4_batched::applies(tiling, images.len());
-                v.resize(dims.channels * channel_stride(tiles), 0.0);
-                if batched {
-                    winograd4_batched::transform_input(x, dims, tiling, images, v);
-                } else {
-                    transform_input(x, dims, tiling, images, v);
-                }
-                m.resize(POINTS * out_channels * tiles, 0.0);
-                let lhs = Matrix::row_major(out_channels, dims.channels);
-                let rhs = Matrix {
-                    rows: dims.channels,
-                    cols: tiles,
-                    row_stride: channel_stride(tiles),
-                    col_stride: 1,
-                };
-                for point in 0..POINTS {
-                    matmul(
-                        &mut m[point * out_channels * tiles..][..out_channels * tiles],
-                        false,
-                        (&u[point * pairs..][..pairs], lhs),
-                        (&v[point * tiles..], rhs),
-                    );
-                }
-                if batched {
-                    winograd4_batched::transform_output(m, dims, tiling, out_channels, tiles, out);
-                } else {
-                    transform_output(m, dims, tiling, out_channels, tiles, out);
-                }
-            },
-        );
-    output
+    let batched = |images: &Range<usize>| across_images(tiling, images.len());
+    forward_blocks(
+        dims,
+        (batch, out_channels),
+        (tiling, size),
+        (POINTS, &u),
+        |images, v| {
+            if batched(&images) {
+                winograd_images::transform_input::<6>(x, dims, tiling, images, v, input_1d);
+            } else {
+                transform_input(x, dims, tiling, images, v);
+            }
+        },
+        |m, images, out| {
+            let tiles = images.len() * tiling.per_image();
+            if batched(&images) {
+                winograd_images::transform_output::<6, 4>(
+                    m,
+                    dims,
+                    tiling,
+                    out_channels,
+                    tiles,
+                    out,
+                    output_1d,
+                );
+            } else {
+                transform_output(m, dims, tiling, out_channels, tiles, out);
+            }
+        },
+    )
 }

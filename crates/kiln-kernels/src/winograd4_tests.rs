@@ -165,9 +165,8 @@ fn winograd4_speed() {
 #[ignore]
 fn winograd4_parts() {
     use crate::gemm::{Matrix, matmul};
-    use crate::winograd4_tiles::{
-        POINTS, Tiling, channel_stride, transform_input, transform_output,
-    };
+    use crate::winograd_tiles::Tiling;
+    use crate::winograd4_tiles::{POINTS, channel_stride, transform_input, transform_output};
     in_pool(1, || {
         for (c, size, images) in [
             (64usize, 32usize, 1usize),
@@ -178,7 +177,7 @@ fn winograd4_parts() {
             (128, 16, 16),
         ] {
             let d = dims(c, [size, size], [(1, 1), (1, 1)]);
-            let tiling = Tiling::new(&d);
+            let tiling = Tiling::with_side(&d, 4);
             let tiles = images * tiling.per_image();
             let x = values(32 * d.image_len(), 1);
             let best = |f: &dyn Fn() -> Vec<f32>| {
@@ -191,13 +190,28 @@ fn winograd4_parts() {
             });
             let tb = best(&|| {
                 let mut v = vec![0.0; c * channel_stride(tiles)];
-                crate::winograd4_batched::transform_input(&x, &d, tiling, 0..images, &mut v);
+                crate::winograd_images::transform_input::<6>(
+                    &x,
+                    &d,
+                    tiling,
+                    0..images,
+                    &mut v,
+                    crate::winograd4_tiles::input_1d,
+                );
                 v
             });
             let ob = best(&|| {
                 let m = values(POINTS * c * tiles, 4);
                 let mut out = vec![0.0; images * c * d.positions()];
-                crate::winograd4_batched::transform_output(&m, &d, tiling, c, tiles, &mut out);
+                crate::winograd_images::transform_output::<6, 4>(
+                    &m,
+                    &d,
+                    tiling,
+                    c,
+                    tiles,
+                    &mut out,
+                    crate::winograd4_tiles::output_1d,
+                );
                 out
             });
             println!("  batched: input {tb:.3} output (with a fill) {ob:.3}");

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::im2col::ConvDims;
 use crate::simd::simd;
+use crate::winograd_tiles::Tiling;
 
 /// Points of a transformed 6×6 tile.
 pub(crate) const POINTS: usize = 36;
@@ -23,31 +24,6 @@ pub(crate) const POINTS: usize = 36;
 /// tiles, plus one cache line (off a power of two, as in [`crate::winograd_tiles`]).
 pub(crate) fn channel_stride(tiles: usize) -> usize {
     POINTS * tiles + 16
-}
-
-/// How a convolution's output is cut into 4×4 tiles (the last row or column of tiles may
-/// reach past the output; those outputs are dropped).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Tiling {
-    /// Tile rows per image.
-    pub rows: usize,
-    /// Tile columns per image.
-    pub cols: usize,
-}
-
-impl Tiling {
-    /// The tiles of `dims`' output.
-    pub fn new(dims: &ConvDims) -> Self {
-        Self {
-            rows: dims.output[0].div_ceil(4),
-            cols: dims.output[1].div_ceil(4),
-        }
-    }
-
-    /// Tiles per image.
-    pub fn per_image(self) -> usize {
-        self.rows * self.cols
-    }
 }
 
 /// Elements per step of [`elementwise`]: one AVX-512 vector.

@@ -28,8 +28,9 @@ pub(crate) fn channel_stride(tiles: usize) -> usize {
     POINTS * tiles + 16
 }
 
-/// How a convolution's output is cut into 2×2 tiles (the last row or column of tiles may
-/// reach one past the output; those outputs are dropped, and their gradients are zero).
+/// How a convolution's output is cut into tiles (2×2 here, 4×4 for F(4×4, 3×3); the last row
+/// or column of tiles may reach past the output: those outputs are dropped, and their
+/// gradients are zero).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tiling {
     /// Tile rows per image.
@@ -39,11 +40,16 @@ pub(crate) struct Tiling {
 }
 
 impl Tiling {
-    /// The tiles of `dims`' output.
+    /// The 2×2 tiles of `dims`' output.
     pub fn new(dims: &ConvDims) -> Self {
+        Self::with_side(dims, 2)
+    }
+
+    /// The `side × side` tiles of `dims`' output.
+    pub fn with_side(dims: &ConvDims, side: usize) -> Self {
         Self {
-            rows: dims.output[0].div_ceil(2),
-            cols: dims.output[1].div_ceil(2),
+            rows: dims.output[0].div_ceil(side),
+            cols: dims.output[1].div_ceil(side),
         }
     }
 
