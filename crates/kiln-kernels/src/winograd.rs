@@ -23,7 +23,8 @@ use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
 use crate::winograd_batched;
 use crate::winograd_tiles::{
-    POINTS, Tiling, channel_stride, transform_input, transform_output, transform_output_grad,
+    POINTS, Tiling, channel_distance, channel_stride, transform_input, transform_output,
+    transform_output_grad,
 };
 use crate::zeroed::zeroed;
 
@@ -227,8 +228,7 @@ pub(crate) fn forward_blocks(
             |(v, m), (index, out)| {
                 let images = block(index, size, batch);
                 let tiles = images.len() * tiling.per_image();
-                // The transformed layouts' channel distance (`winograd_tiles::channel_stride`).
-                let channel_stride = points * tiles + 16;
+                let channel_stride = channel_distance(points, tiles);
                 v.resize(dims.channels * channel_stride, 0.0);
                 input(images.clone(), v);
                 m.resize(points * out_channels * tiles, 0.0);

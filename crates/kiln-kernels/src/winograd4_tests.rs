@@ -6,7 +6,7 @@
 use crate::flex_conv::{forward_values, im2col_forward, input_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
-use crate::test_support::{fastest_ms, in_pool, relative_error, values};
+use crate::test_support::{conv_dims, fastest_ms, in_pool, relative_error, values};
 use crate::winograd::{self, MIN_CHANNELS};
 use crate::winograd4::{self, MIN_OUTPUT};
 
@@ -33,14 +33,12 @@ fn cases() -> Vec<Case> {
 }
 
 fn dims(channels: usize, input: [usize; 2], padding: [(usize, usize); 2]) -> ConvDims {
-    let geometry = ConvGeometry::new().with_padding(padding);
-    ConvDims {
+    conv_dims(
         channels,
         input,
-        kernel: [3, 3],
-        output: geometry.output_size(input, [3, 3]).expect("valid shape"),
-        geometry,
-    }
+        [3, 3],
+        ConvGeometry::new().with_padding(padding),
+    )
 }
 
 #[test]

@@ -15,15 +15,14 @@ use rayon::prelude::*;
 
 use crate::im2col::ConvDims;
 use crate::simd::simd;
-use crate::winograd_tiles::Tiling;
+use crate::winograd_tiles::{Tiling, channel_distance};
 
 /// Points of a transformed 6×6 tile.
 pub(crate) const POINTS: usize = 36;
 
-/// Distance between channels in a transformed layout, in elements: the 36 points' runs of
-/// tiles, plus one cache line (off a power of two, as in [`crate::winograd_tiles`]).
+/// [`channel_distance`] of this layout's 36 points.
 pub(crate) fn channel_stride(tiles: usize) -> usize {
-    POINTS * tiles + 16
+    channel_distance(POINTS, tiles)
 }
 
 /// Elements per step of [`elementwise`]: one AVX-512 vector.

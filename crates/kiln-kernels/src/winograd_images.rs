@@ -17,13 +17,7 @@ use rayon::prelude::*;
 
 use crate::im2col::ConvDims;
 use crate::simd::simd;
-use crate::winograd_tiles::Tiling;
-
-/// Distance between channels of a transformed layout of `R × R` points (as the plane-wise
-/// layouts: the points' runs of tiles, plus one cache line).
-fn channel_stride<const R: usize>(tiles: usize) -> usize {
-    R * R * tiles + 16
-}
+use crate::winograd_tiles::{Tiling, channel_distance};
 
 /// Transformed input tiles `Bᵀ d B` of `images` of `x` (`[N, Cin, H, W]`) into `v`
 /// (`[Cin, R², tiles]`, tile-major order) for input tiles of `R × R` (`R − 2` apart) and
@@ -47,7 +41,7 @@ pub(crate) fn transform_input<const R: usize>(
     // The rows and columns the tiles read. The block holds every input element: padding + H
     // ≤ Ho + 2 ≤ step · rows + 2 for a 3×3 kernel (and the same across).
     let (padded_h, padded_w) = (step * rows + 2, step * cols + 2);
-    v.par_chunks_mut(channel_stride::<R>(tiles))
+    v.par_chunks_mut(channel_distance(R * R, tiles))
         .enumerate()
         .for_each_init(
             || vec![0.0f32; (padded_h + R) * padded_w * n],

@@ -6,7 +6,7 @@
 use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
-use crate::test_support::{fastest_ms, in_pool, relative_error, values};
+use crate::test_support::{conv_dims, fastest_ms, in_pool, relative_error, values};
 use crate::winograd::{self, MIN_CHANNELS, MIN_OUTPUT};
 
 const TOLERANCE: f32 = 1e-5;
@@ -33,14 +33,12 @@ fn cases() -> Vec<Case> {
 }
 
 fn dims(channels: usize, input: [usize; 2], padding: [(usize, usize); 2]) -> ConvDims {
-    let geometry = ConvGeometry::new().with_padding(padding);
-    ConvDims {
+    conv_dims(
         channels,
         input,
-        kernel: [3, 3],
-        output: geometry.output_size(input, [3, 3]).expect("valid shape"),
-        geometry,
-    }
+        [3, 3],
+        ConvGeometry::new().with_padding(padding),
+    )
 }
 
 #[test]

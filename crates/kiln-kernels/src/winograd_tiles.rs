@@ -20,12 +20,18 @@ use crate::im2col::ConvDims;
 /// Points of a transformed 4×4 tile.
 pub(crate) const POINTS: usize = 16;
 
-/// Distance between channels in a transformed layout, in elements: the 16 points' runs of
-/// tiles, plus one cache line. GEMMs read these operands across channels, and with a
-/// power-of-two distance every channel's element falls into the same cache sets (gemm's
-/// packing of the weight gradient's operands took about 3 ns per element that way).
+/// Distance between channels in a transformed layout of `points` points per tile, in
+/// elements: the points' runs of tiles, plus one cache line. GEMMs read these operands across
+/// channels, and with a power-of-two distance every channel's element falls into the same
+/// cache sets (gemm's packing of the weight gradient's operands took about 3 ns per element
+/// that way).
+pub(crate) fn channel_distance(points: usize, tiles: usize) -> usize {
+    points * tiles + 16
+}
+
+/// [`channel_distance`] of this layout's 16 points.
 pub(crate) fn channel_stride(tiles: usize) -> usize {
-    POINTS * tiles + 16
+    channel_distance(POINTS, tiles)
 }
 
 /// How a convolution's output is cut into tiles (2×2 here, 4×4 for F(4×4, 3×3); the last row
