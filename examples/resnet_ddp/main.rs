@@ -42,6 +42,11 @@ static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllo
 use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
 fn main() -> ExitCode {
+    // Every step frees and allocates the same large buffers: keeping them in the process
+    // spares the page faults of taking them back from the system each step.
+    if let Err(err) = kiln::core::retain_freed_memory() {
+        eprintln!("note: {err}");
+    }
     let args = Args::parse();
     let passed = match args.command {
         Some(args::Command::Doctor) => Some(doctor::run(&args)),

@@ -64,7 +64,13 @@ pub struct BenchArgs {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
-        Task::Bench(args) => bench::run(&args),
+        Task::Bench(args) => {
+            // As the example does: steps reuse the pages earlier steps freed.
+            if let Err(err) = kiln::core::retain_freed_memory() {
+                eprintln!("note: {err}");
+            }
+            bench::run(&args)
+        }
         Task::CudaLlvm(args) => cuda_llvm::run(&args).map_err(Into::into),
         Task::GpuBundle(args) => gpu_bundle::run(&args).map_err(Into::into),
     };

@@ -8,6 +8,7 @@
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
 //! - [`panic`](mod@panic) — the message of a thread's panic, for the error that reports it.
+//! - [`freed_memory`] — keep freed memory in the process, so steps stop faulting pages in.
 //! - [`params`] — small helpers to enumerate a module's parameters.
 //! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
 #![warn(missing_docs)]
@@ -16,6 +17,7 @@ pub mod classifier;
 pub mod device_spec;
 pub mod flat;
 pub mod forward;
+pub mod freed_memory;
 pub mod panic;
 pub mod params;
 pub mod seed;
@@ -29,6 +31,7 @@ pub use flat::{
     grads_from_flat, read_params, write_params,
 };
 pub use forward::Forward;
+pub use freed_memory::{FreedMemoryError, retain_freed_memory};
 pub use panic::panic_message;
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, with_seed};
