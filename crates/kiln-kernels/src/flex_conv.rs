@@ -141,11 +141,13 @@ pub(crate) fn forward_values(
     if winograd4::applies(dims, out_channels) {
         return winograd4::forward(x, weight, dims, batch, out_channels);
     }
-    if winograd::applies(dims, out_channels) {
-        return winograd::forward(x, weight, dims, batch, out_channels);
-    }
+    // Where F(4×4) does not apply, the shifted GEMMs were as fast as F(2×2) or faster
+    // (0.76× at 32 channels 16×16); F(2×2) keeps the planes too small for them (8×8).
     if shifted::applies(dims) {
         return shifted::forward(x, weight, dims, batch, out_channels);
+    }
+    if winograd::applies(dims, out_channels) {
+        return winograd::forward(x, weight, dims, batch, out_channels);
     }
     im2col_forward(x, weight, dims, batch, out_channels)
 }

@@ -127,3 +127,32 @@ fn gemm_speed() {
         }
     });
 }
+
+#[test]
+#[ignore]
+fn scratch_paths() {
+    use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
+    let inf = f64::INFINITY;
+    in_pool(1, || {
+        for (cin, cout, size) in [(32, 32, 32), (32, 32, 16), (48, 48, 16), (64, 64, 16), (48, 48, 32), (32, 32, 8)] {
+            let g = ConvGeometry::new().with_padding([(1, 1), (1, 1)]);
+            let d = conv_dims(cin, [size, size], [3, 3], g);
+            let batch = 32;
+            let x = values(batch * d.image_len(), 1);
+            let w = values(cout * d.rows(), 2);
+            let grad = values(batch * cout * d.positions(), 3);
+            let mut t = [inf; 7];
+            for _ in 0..3 {
+                let mut run = |i: usize, ok: bool, f: &dyn Fn() -> Vec<f32>| if ok { t[i] = t[i].min(fastest_ms(f)) };
+                run(0, crate::winograd4::applies(&d, cout) || (cin >= 32 && size >= 8), &|| crate::winograd4::forward(&x, &w, &d, batch, cout));
+                run(1, cin >= 32 || true, &|| crate::winograd::forward(&x, &w, &d, batch, cout));
+                run(2, crate::shifted::applies(&d), &|| crate::shifted::forward(&x, &w, &d, batch, cout));
+                run(3, true, &|| im2col_forward(&x, &w, &d, batch, cout));
+                run(4, true, &|| crate::winograd::weight_gradient(&x, &grad, &d, batch, cout));
+                run(5, crate::shifted::applies(&d), &|| crate::shifted::weight_gradient(&x, &grad, &d, batch, cout));
+                run(6, true, &|| im2col_weight_gradient(&x, &grad, &d, batch, cout));
+            }
+            println!("{cin}->{cout} {size}x{size}: fwd w4 {:.2} w2 {:.2} sh {:.2} i2c {:.2} | wgrad w2 {:.2} sh {:.2} i2c {:.2}", t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+        }
+    });
+}

@@ -59,8 +59,13 @@ pub(crate) fn in_pool<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) 
         .install(work)
 }
 
-/// The fastest of 5 runs of `f` (after one warm-up), in milliseconds.
+/// The fastest of 5 runs of `f` (after one warm-up), in milliseconds, with freed memory kept
+/// in the process as the example and the bench keep it (`kiln_core::retain_freed_memory`):
+/// otherwise every call's megabytes of fresh scratch fault their pages in again, which the
+/// training step no longer pays (it tripled a 32-channel Winograd weight gradient).
 pub(crate) fn fastest_ms(f: &dyn Fn() -> Vec<f32>) -> f64 {
+    static RETAIN: std::sync::Once = std::sync::Once::new();
+    RETAIN.call_once(|| kiln_core::retain_freed_memory().unwrap_or_else(|err| eprintln!("{err}")));
     f();
     (0..5)
         .map(|_| {

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use crate::block_sum::{block, sum_over_blocks};
 use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
+use crate::shifted;
 use crate::winograd_batched;
 use crate::winograd_tiles::{
     POINTS, Tiling, channel_distance, channel_stride, transform_input, transform_output,
@@ -62,13 +63,20 @@ pub(crate) fn applies(dims: &ConvDims, out_channels: usize) -> bool {
 /// 128 channels and 0.9× at 512, where the 16 transformed partial sums (16 MB) dominate.
 const SMALL_OUTPUT_MAX_PAIRS: usize = 128 * 128;
 
+/// Fewest channel pairs (`Cin·Cout`) for which this weight gradient is taken where the shifted
+/// GEMMs apply too: measured (one thread, batch 32, freed memory kept) they ran 0.63–0.83× its
+/// time at 32–64 channels on 16×16 and 32×32 outputs, and it 0.88× theirs at 128 on 16×16.
+pub(crate) const OVER_SHIFTED_MIN_PAIRS: usize = 128 * 128;
+
 /// Whether the weight gradient of `dims` takes this path: where [`applies`] holds, and at
-/// outputs of at least 4×4 for up to [`SMALL_OUTPUT_MAX_PAIRS`] channel pairs.
+/// outputs of at least 4×4 for up to [`SMALL_OUTPUT_MAX_PAIRS`] channel pairs; where the
+/// shifted GEMMs apply too, only from [`OVER_SHIFTED_MIN_PAIRS`] channel pairs.
 pub(crate) fn applies_to_weight_gradient(dims: &ConvDims, out_channels: usize) -> bool {
     let side = dims.output[0].min(dims.output[1]);
+    let pairs = dims.channels * out_channels;
     shape_fits(dims, out_channels)
-        && (side >= MIN_OUTPUT
-            || (side >= 4 && dims.channels * out_channels <= SMALL_OUTPUT_MAX_PAIRS))
+        && (side >= MIN_OUTPUT || (side >= 4 && pairs <= SMALL_OUTPUT_MAX_PAIRS))
+        && (pairs >= OVER_SHIFTED_MIN_PAIRS || !shifted::applies(dims))
 }
 
 /// A 3×3 kernel, unit stride and dilation, at least [`MIN_CHANNELS`] channels each side.

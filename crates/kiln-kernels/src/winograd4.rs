@@ -38,11 +38,25 @@ fn across_images(tiling: Tiling, images: usize) -> bool {
 /// Smallest output height and width that takes this path.
 pub(crate) const MIN_OUTPUT: usize = 16;
 
+/// Outputs narrower than this (planes of under 8 tiles a row) take this path only from
+/// [`NARROW_MIN_CHANNELS`] channels.
+pub(crate) const WIDE_OUTPUT: usize = 32;
+
+/// Fewest input and output channels for this path at outputs from [`MIN_OUTPUT`] up to
+/// [`WIDE_OUTPUT`]: measured at 16×16 (one thread, batch 32, freed memory kept), the shifted
+/// GEMMs ran 0.75× its time at 32 channels and 0.92× at 48, this path 0.93× theirs at 64.
+pub(crate) const NARROW_MIN_CHANNELS: usize = 64;
+
 /// Whether the forward convolution of `dims` with `out_channels` outputs takes this path: the
 /// shapes F(2×2, 3×3) takes (a 3×3 kernel, unit stride and dilation, enough channels), with
-/// an output of at least [`MIN_OUTPUT`] in both dimensions.
+/// an output of at least [`MIN_OUTPUT`] in both dimensions, and at least
+/// [`NARROW_MIN_CHANNELS`] channels each side below [`WIDE_OUTPUT`].
 pub(crate) fn applies(dims: &ConvDims, out_channels: usize) -> bool {
-    shape_fits(dims, out_channels) && dims.output[0].min(dims.output[1]) >= MIN_OUTPUT
+    let side = dims.output[0].min(dims.output[1]);
+    let channels = dims.channels.min(out_channels);
+    shape_fits(dims, out_channels)
+        && side >= MIN_OUTPUT
+        && (side >= WIDE_OUTPUT || channels >= NARROW_MIN_CHANNELS)
 }
 
 /// `G v` for a column or row of a kernel: `v0/4`, `−(v0 ± v1 + v2)/6`,

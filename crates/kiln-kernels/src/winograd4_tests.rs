@@ -8,7 +8,7 @@ use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
 use crate::test_support::{conv_dims, fastest_ms, in_pool, relative_error, values};
 use crate::winograd::{self, MIN_CHANNELS};
-use crate::winograd4::{self, MIN_OUTPUT};
+use crate::winograd4::{self, MIN_OUTPUT, NARROW_MIN_CHANNELS, WIDE_OUTPUT};
 
 /// F(4×4, 3×3) rounds more than F(2×2, 3×3) (whose tests hold it to 1e-5): its transforms
 /// scale by up to 8 going in and by 1⁄24 on the kernel. Measured (`winograd4_speed`): 5e-6
@@ -93,15 +93,22 @@ fn results_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn only_outputs_of_at_least_16_take_f4x4_and_the_input_gradient_follows() {
-    let d = dims(MIN_CHANNELS, [MIN_OUTPUT, MIN_OUTPUT], [(1, 1), (1, 1)]);
-    assert!(winograd4::applies(&d, MIN_CHANNELS));
-    assert!(!winograd4::applies(&d, MIN_CHANNELS - 1));
-    let narrow = dims(MIN_CHANNELS, [MIN_OUTPUT, MIN_OUTPUT - 1], [(1, 1), (1, 1)]);
-    assert!(!winograd4::applies(&narrow, MIN_CHANNELS));
-    assert!(winograd::applies(&narrow, MIN_CHANNELS));
+    let c = NARROW_MIN_CHANNELS;
+    let d = dims(c, [MIN_OUTPUT, MIN_OUTPUT], [(1, 1), (1, 1)]);
+    assert!(winograd4::applies(&d, c));
+    assert!(!winograd4::applies(&d, c - 1));
+    let narrow = dims(c, [MIN_OUTPUT, MIN_OUTPUT - 1], [(1, 1), (1, 1)]);
+    assert!(!winograd4::applies(&narrow, c));
+    assert!(winograd::applies(&narrow, c));
+    // Wide outputs from fewer channels.
+    let wide = dims(MIN_CHANNELS, [WIDE_OUTPUT, WIDE_OUTPUT], [(1, 1), (1, 1)]);
+    assert!(winograd4::applies(&wide, MIN_CHANNELS));
+    assert!(!winograd4::applies(&wide, MIN_CHANNELS - 1));
+    let below_wide = dims(MIN_CHANNELS, [WIDE_OUTPUT, WIDE_OUTPUT - 1], [(1, 1), (1, 1)]);
+    assert!(!winograd4::applies(&below_wide, MIN_CHANNELS));
     // The dispatch: the forward of a 16×16 shape is F(4×4)'s, bit for bit, and so is its
     // input gradient (a forward over the output gradient with the flipped kernel).
-    let (batch, cout) = (2, MIN_CHANNELS);
+    let (batch, cout) = (2, c);
     let x = values(batch * d.image_len(), 7);
     let weight = values(cout * d.channels * 9, 8);
     assert_eq!(

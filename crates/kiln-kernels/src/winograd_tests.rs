@@ -126,6 +126,12 @@ fn only_unit_stride_3x3_kernels_with_enough_channels_take_winograd() {
     assert!(!winograd::applies_to_weight_gradient(&four, 129));
     let three = dims(128, [3, 3], [(1, 1), (1, 1)]);
     assert!(!winograd::applies_to_weight_gradient(&three, 128));
+    // Where the shifted GEMMs apply (16×16 here), only from 128 × 128 channel pairs.
+    let sixteen = dims(128, [16, 16], [(1, 1), (1, 1)]);
+    assert!(winograd::applies_to_weight_gradient(&sixteen, 128));
+    assert!(!winograd::applies_to_weight_gradient(&sixteen, 127));
+    let eight = dims(MIN_CHANNELS, [8, 8], [(1, 1), (1, 1)]);
+    assert!(winograd::applies_to_weight_gradient(&eight, MIN_CHANNELS));
     let strided = ConvDims {
         geometry: d.geometry.with_stride([2, 2]),
         ..d
