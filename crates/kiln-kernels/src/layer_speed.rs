@@ -128,31 +128,76 @@ fn gemm_speed() {
     });
 }
 
+/// Every path's time for each 3×3 unit-stride shape of ResNet-18 at widths 16 and 64 (one
+/// thread, batch 32, rounds interleaved, fastest of each; "-" where a path does not apply):
+/// the measurements behind the dispatch's thresholds. `cargo test --release -p kiln-kernels
+/// conv_path_speed -- --ignored --nocapture`.
+/// A path's name, whether it applies, and a run of it.
+type Path<'a> = (&'static str, bool, &'a dyn Fn() -> Vec<f32>);
+
 #[test]
 #[ignore]
-fn scratch_paths() {
+fn conv_path_speed() {
     use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
-    let inf = f64::INFINITY;
+    use crate::{shifted, winograd, winograd4};
     in_pool(1, || {
-        for (cin, cout, size) in [(32, 32, 32), (32, 32, 16), (48, 48, 16), (64, 64, 16), (48, 48, 32), (32, 32, 8)] {
+        for (c, size) in [
+            (16, 32),
+            (32, 16),
+            (64, 8),
+            (128, 4),
+            (64, 32),
+            (128, 16),
+            (256, 8),
+            (512, 4),
+        ] {
             let g = ConvGeometry::new().with_padding([(1, 1), (1, 1)]);
-            let d = conv_dims(cin, [size, size], [3, 3], g);
+            let d = conv_dims(c, [size, size], [3, 3], g);
             let batch = 32;
             let x = values(batch * d.image_len(), 1);
-            let w = values(cout * d.rows(), 2);
-            let grad = values(batch * cout * d.positions(), 3);
-            let mut t = [inf; 7];
+            let weight = values(c * d.rows(), 2);
+            let grad = values(batch * c * d.positions(), 3);
+            let fits = winograd::shape_fits(&d, c);
+            let paths: [Path; 7] = [
+                ("forward F(4x4)", fits && size >= 4, &|| {
+                    winograd4::forward(&x, &weight, &d, batch, c)
+                }),
+                ("F(2x2)", fits, &|| {
+                    winograd::forward(&x, &weight, &d, batch, c)
+                }),
+                ("shifted", shifted::applies(&d), &|| {
+                    shifted::forward(&x, &weight, &d, batch, c)
+                }),
+                ("im2col", true, &|| {
+                    im2col_forward(&x, &weight, &d, batch, c)
+                }),
+                ("| weight gradient F(2x2)", fits, &|| {
+                    winograd::weight_gradient(&x, &grad, &d, batch, c)
+                }),
+                ("shifted", shifted::applies(&d), &|| {
+                    shifted::weight_gradient(&x, &grad, &d, batch, c)
+                }),
+                ("im2col", true, &|| {
+                    im2col_weight_gradient(&x, &grad, &d, batch, c)
+                }),
+            ];
+            let mut times = [f64::INFINITY; 7];
             for _ in 0..3 {
-                let mut run = |i: usize, ok: bool, f: &dyn Fn() -> Vec<f32>| if ok { t[i] = t[i].min(fastest_ms(f)) };
-                run(0, crate::winograd4::applies(&d, cout) || (cin >= 32 && size >= 8), &|| crate::winograd4::forward(&x, &w, &d, batch, cout));
-                run(1, cin >= 32 || true, &|| crate::winograd::forward(&x, &w, &d, batch, cout));
-                run(2, crate::shifted::applies(&d), &|| crate::shifted::forward(&x, &w, &d, batch, cout));
-                run(3, true, &|| im2col_forward(&x, &w, &d, batch, cout));
-                run(4, true, &|| crate::winograd::weight_gradient(&x, &grad, &d, batch, cout));
-                run(5, crate::shifted::applies(&d), &|| crate::shifted::weight_gradient(&x, &grad, &d, batch, cout));
-                run(6, true, &|| im2col_weight_gradient(&x, &grad, &d, batch, cout));
+                for ((_, applies, run), time) in paths.iter().zip(&mut times) {
+                    if *applies {
+                        *time = time.min(fastest_ms(*run));
+                    }
+                }
             }
-            println!("{cin}->{cout} {size}x{size}: fwd w4 {:.2} w2 {:.2} sh {:.2} i2c {:.2} | wgrad w2 {:.2} sh {:.2} i2c {:.2}", t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+            let line: Vec<String> = paths
+                .iter()
+                .zip(times)
+                .map(|((name, applies, _), time)| match applies {
+                    true => format!("{name} {time:.2}"),
+                    false => format!("{name} -"),
+                })
+                .collect();
+            println!("{c:>3} ch {size:>2}x{size:<2}: {} ms", line.join("  "));
         }
     });
 }

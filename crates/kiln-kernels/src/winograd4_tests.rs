@@ -104,7 +104,11 @@ fn only_outputs_of_at_least_16_take_f4x4_and_the_input_gradient_follows() {
     let wide = dims(MIN_CHANNELS, [WIDE_OUTPUT, WIDE_OUTPUT], [(1, 1), (1, 1)]);
     assert!(winograd4::applies(&wide, MIN_CHANNELS));
     assert!(!winograd4::applies(&wide, MIN_CHANNELS - 1));
-    let below_wide = dims(MIN_CHANNELS, [WIDE_OUTPUT, WIDE_OUTPUT - 1], [(1, 1), (1, 1)]);
+    let below_wide = dims(
+        MIN_CHANNELS,
+        [WIDE_OUTPUT, WIDE_OUTPUT - 1],
+        [(1, 1), (1, 1)],
+    );
     assert!(!winograd4::applies(&below_wide, MIN_CHANNELS));
     // The dispatch: the forward of a 16×16 shape is F(4×4)'s, bit for bit, and so is its
     // input gradient (a forward over the output gradient with the flipped kernel).
