@@ -1,8 +1,9 @@
 //! The convolution on Flex tensors: im2col and one GEMM per block of images, written
-//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im. Shapes
-//! that `winograd::applies` to take Winograd's algorithm instead, and other shapes that
-//! `shifted::applies` to the shifted GEMMs (forward and weight gradient here, so the
-//! flipped-kernel input gradient follows).
+//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im. The
+//! forward tries F(4×4) Winograd (`winograd4::applies`), the shifted GEMMs
+//! (`shifted::applies`) and F(2×2) Winograd (`winograd::applies`) in that order; the weight
+//! gradient F(2×2) (`winograd::applies_to_weight_gradient`), then the shifted GEMMs; the
+//! flipped-kernel input gradient follows the forward's choice.
 //!
 //! Blocks hold enough images for a GEMM of at least [`BLOCK_POSITIONS`] output positions
 //! (one image of a large feature map, several of a small one) and run in parallel in the

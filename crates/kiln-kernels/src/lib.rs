@@ -4,14 +4,16 @@
 //! extension*) and give it a handwritten backward pass under autodiff. kiln uses that for the
 //! operations that dominate a convolutional network's training step on the CPU:
 //!
-//! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution as im2col + one GEMM per block of
-//!   images, or, for 3×3 unit-stride kernels with at least 32 channels each side and an
-//!   output of at least 8×8, Winograd's F(2×2, 3×3) (16 GEMMs per block over transformed
-//!   tiles: 2.25× fewer multiply-adds), or, for other unit-stride shapes of large images (≥ 8
-//!   input channels, ≥ 256 output positions), `kh` GEMMs over `kw` column-shifted copies of
-//!   the padded image instead of im2col; its input gradient is a convolution of the output
-//!   gradient with the flipped kernel (unit strides, so it takes the same paths) or a GEMM
-//!   and a col2im, its weight gradient one more GEMM per block (16 under Winograd),
+//! - [`conv2d`] / [`conv2d_with`] — a 2-D convolution by the path measured fastest for its
+//!   shape: for 3×3 unit-stride kernels with at least 32 channels each side, Winograd's
+//!   F(4×4, 3×3) forward (36 GEMMs per block over transformed tiles: 4× fewer multiply-adds)
+//!   at outputs of 32×32 and more (16×16 from 64 channels); for other unit-stride shapes of
+//!   large images (≥ 8 input channels, ≥ 256 output positions), `kh` GEMMs over `kw`
+//!   column-shifted copies of the padded image; F(2×2, 3×3) (16 GEMMs, 2.25× fewer) for the
+//!   3×3 outputs from 8×8 those leave and for wide layers' weight gradients; im2col + one
+//!   GEMM per block of images for the rest. Its input gradient is a convolution of the output gradient with the
+//!   flipped kernel (unit strides, so it takes the same paths) or a GEMM and a col2im, its
+//!   weight gradient one more GEMM per block (16 under Winograd),
 //!   instead of Flex's tiled forward, transposed convolution and dilated convolution. The
 //!   path is chosen from the shape alone (thresholds measured once, in the source), never by
 //!   timing at run time, so a run's arithmetic is reproducible.
