@@ -1,8 +1,10 @@
-//! The entry point: training-mode batch norm on kiln's kernel where it applies, Burn's
-//! otherwise.
+//! The entry points: batch norm in training and in inference mode on kiln's kernel where it
+//! applies, Burn's otherwise.
 
 use burn::tensor::Tensor;
-use burn::tensor::module::batch_norm_train as burn_batch_norm_train;
+use burn::tensor::module::{
+    batch_norm as burn_batch_norm, batch_norm_train as burn_batch_norm_train,
+};
 
 use crate::conv2d::{kernel_dtype, on_flex};
 use crate::norm_extension::BatchNormKernel;
@@ -77,4 +79,60 @@ pub fn batch_norm_train(
         mean: Tensor::from_dispatch(mean),
         variance: Tensor::from_dispatch(variance),
     }
+}
+
+/// Burn's inference-mode `batch_norm` for `[N, C, H, W]` inputs: `(x − mean) / √(variance +
+/// ε) · γ + β` with given per-channel statistics (a layer's running mean and variance). On
+/// Burn's CPU backend without autodiff (evaluation, inference) it is one pass over `x` split
+/// over the pool, where Burn's composition makes four single-threaded broadcast passes; equal
+/// to Burn's within float rounding (the per-channel factors are computed in f64). Under
+/// autodiff (a frozen layer being fine-tuned) and on other backends it is Burn's own.
+/// f16/bf16 inputs are computed in f32 and cast back.
+///
+/// ```
+/// use burn::tensor::{Device, Distribution, Tensor};
+///
+/// let device = Device::flex();
+/// let x = Tensor::<4>::random([4, 3, 5, 5], Distribution::Default, &device);
+/// let (gamma, beta) = (Tensor::<1>::ones([3], &device), Tensor::<1>::zeros([3], &device));
+/// let (mean, variance) = (Tensor::<1>::zeros([3], &device), Tensor::<1>::ones([3], &device));
+/// let y = kiln_kernels::batch_norm_inference(x, (gamma, beta), (mean, variance), 1e-5);
+/// assert_eq!(y.dims(), [4, 3, 5, 5]);
+/// ```
+///
+/// # Panics
+///
+/// If `gamma`, `beta`, `mean` or `variance` does not have one entry per channel.
+pub fn batch_norm_inference(
+    x: Tensor<4>,
+    (gamma, beta): (Tensor<1>, Tensor<1>),
+    (mean, variance): (Tensor<1>, Tensor<1>),
+    epsilon: f64,
+) -> Tensor<4> {
+    let channels = x.dims()[1];
+    for (name, t) in [
+        ("gamma", &gamma),
+        ("beta", &beta),
+        ("mean", &mean),
+        ("variance", &variance),
+    ] {
+        assert_eq!(t.dims(), [channels], "batch norm: one {name} per channel");
+    }
+    let dtypes = [&gamma, &beta, &mean, &variance]
+        .into_iter()
+        .map(|t| t.dtype())
+        .chain([x.dtype()])
+        .all(kernel_dtype);
+    if !(on_flex(&x) && dtypes) || x.shape().num_elements() == 0 {
+        return burn_batch_norm(x, gamma, beta, mean, variance, epsilon);
+    }
+    let output = <burn::backend::Dispatch as BatchNormKernel>::kiln_batch_norm_inference(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        mean.into_dispatch(),
+        variance.into_dispatch(),
+        epsilon,
+    );
+    Tensor::from_dispatch(output)
 }

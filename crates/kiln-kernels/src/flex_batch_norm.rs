@@ -168,22 +168,7 @@ pub(crate) fn forward(
             (mean as f32, scale as f32, b)
         })
         .collect();
-    let mut output = zeroed(x.len());
-    output
-        .par_chunks_mut(plane)
-        .zip(x.par_chunks(plane))
-        .enumerate()
-        .for_each(|(index, (out, input))| {
-            let (mean, scale, shift) = affine[index % channels];
-            simd(
-                #[inline(always)]
-                || {
-                    out.iter_mut()
-                        .zip(input)
-                        .for_each(|(o, &v)| *o = (v - mean) * scale + shift)
-                },
-            );
-        });
+    let output = normalize(x, plane, &affine);
     let (means, variances): (Vec<f32>, Vec<f32>) =
         stats.iter().map(|&(m, v)| (m as f32, v as f32)).unzip();
     let saved_mean = tensor(means, Shape::new([channels]), DType::F32);
@@ -195,6 +180,53 @@ pub(crate) fn forward(
         saved_mean,
         saved_variance,
     }
+}
+
+/// `(v − mean)·scale + shift` for every element `v` of `x`, with `affine[c] = (mean, scale,
+/// shift)` for channel `c`: one parallel pass over the `plane`-long planes.
+fn normalize(x: &[f32], plane: usize, affine: &[(f32, f32, f32)]) -> Vec<f32> {
+    let mut output = zeroed(x.len());
+    output
+        .par_chunks_mut(plane)
+        .zip(x.par_chunks(plane))
+        .enumerate()
+        .for_each(|(index, (out, input))| {
+            let (mean, scale, shift) = affine[index % affine.len()];
+            simd(
+                #[inline(always)]
+                || {
+                    out.iter_mut()
+                        .zip(input)
+                        .for_each(|(o, &v)| *o = (v - mean) * scale + shift)
+                },
+            );
+        });
+    output
+}
+
+/// Normalises `x` `[N, C, H, W]` with the given per-channel `mean` and `variance` (inference
+/// mode: the running statistics), then scales by `gamma` and shifts by `beta`, in one pass.
+/// Computed in f32 and returned in `x`'s dtype.
+pub(crate) fn inference(
+    x: FlexTensor,
+    (gamma, beta): (FlexTensor, FlexTensor),
+    (mean, variance): (FlexTensor, FlexTensor),
+    epsilon: f64,
+) -> FlexTensor {
+    let dtype = x.dtype();
+    let shape = x.shape();
+    let (_, _, plane) = layout(&shape);
+    let [x, gamma, beta, mean, variance] = [x, gamma, beta, mean, variance].map(contiguous_f32);
+    let affine: Vec<(f32, f32, f32)> = values(&mean)
+        .iter()
+        .zip(values(&variance))
+        .zip(values(&gamma).iter().zip(values(&beta)))
+        .map(|((&m, &var), (&g, &b))| {
+            let scale = g as f64 / (var as f64 + epsilon).sqrt();
+            (m, scale as f32, b)
+        })
+        .collect();
+    tensor(normalize(values(&x), plane, &affine), shape, dtype)
 }
 
 /// Gradients of [`forward`] with respect to `x`, `gamma` and `beta` (the last in

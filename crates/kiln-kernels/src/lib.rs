@@ -22,6 +22,8 @@
 //! - [`batch_norm_train`] — training-mode batch norm straight on the NCHW layout: statistics
 //!   in one pass per channel, output in one pass, backward in two, instead of Burn's generic
 //!   composition (which copies the activation to channels-first several times per layer).
+//! - [`batch_norm_inference`] — inference-mode batch norm (running statistics) in one pass
+//!   split over the pool, where Burn's composition makes four single-threaded ones.
 //! - [`relu`] / [`add_relu`] — ReLU, and a residual block's `relu(a + b)` in one pass, split
 //!   over the replica's threads and in place when the input is not shared (Flex runs its
 //!   element-wise operations on one thread); Burn's bit for bit, output and gradients.
@@ -39,6 +41,8 @@ mod activation_extension;
 #[cfg(test)]
 mod activation_tests;
 mod batch_norm;
+#[cfg(test)]
+mod batch_norm_inference_tests;
 #[cfg(test)]
 mod batch_norm_tests;
 mod block_sum;
@@ -82,7 +86,7 @@ mod zeroed;
 
 pub use activation::{add_relu, relu};
 pub use activation_extension::ActivationKernel;
-pub use batch_norm::{NormalizedBatch, batch_norm_train};
+pub use batch_norm::{NormalizedBatch, batch_norm_inference, batch_norm_train};
 pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
 pub use geometry::ConvGeometry;

@@ -1,12 +1,14 @@
-//! Training-mode batch norm registered with Burn's runtime dispatch: Flex runs
+//! Batch norm registered with Burn's runtime dispatch. Training mode: Flex runs
 //! [`flex_batch_norm`](crate::flex_batch_norm)'s passes, and Flex under autodiff records one
-//! backward step for the whole normalisation (statistics included).
+//! backward step for the whole normalisation (statistics included). Inference mode (running
+//! statistics): Flex runs one parallel pass; under autodiff, Burn's own composition.
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::ModuleOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::DType;
@@ -26,9 +28,31 @@ pub trait BatchNormKernel: Backend {
         beta: FloatTensor<Self>,
         epsilon: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `x` `[N, C, H, W]` normalised with the given per-channel `mean` and `variance`
+    /// (inference mode), scaled by `gamma` and shifted by `beta`.
+    fn kiln_batch_norm_inference(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self>;
 }
 
 impl BatchNormKernel for Flex {
+    fn kiln_batch_norm_inference(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        flex_batch_norm::inference(x, (gamma, beta), (mean, variance), epsilon)
+    }
+
     fn kiln_batch_norm_train(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -82,6 +106,19 @@ impl Backward<Flex, 3> for NormBackward {
 }
 
 impl<C: CheckpointStrategy> BatchNormKernel for Autodiff<Flex, C> {
+    /// Under autodiff, Burn's composition (tracked like any other tensor operations): a
+    /// frozen layer fine-tuned on the training device gets its gradients from it.
+    fn kiln_batch_norm_inference(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        variance: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        <Self as ModuleOps<Self>>::batch_norm(x, gamma, beta, mean, variance, epsilon)
+    }
+
     fn kiln_batch_norm_train(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,

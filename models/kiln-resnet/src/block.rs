@@ -3,7 +3,6 @@
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Initializer, PaddingConfig2d};
-use burn::tensor::module::batch_norm;
 use burn::tensor::{Device, FloatDType, Tensor};
 use kiln_kernels::conv2d;
 use kiln_kernels::{add_relu, relu};
@@ -39,7 +38,7 @@ pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
 /// (`kiln_kernels::batch_norm_train`: Burn's arithmetic, without its channels-first copies).
 fn same_dtype_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return bn.forward(x);
+        return inference_norm(bn, x, bn.running_mean.value(), bn.running_var.value());
     }
     let batch = kiln_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
     kiln_core::update_running_statistics(bn, batch.mean.detach(), batch.variance.detach());
@@ -57,8 +56,17 @@ fn half_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     } else {
         let mean = bn.running_mean.value().cast(half);
         let var = bn.running_var.value().cast(half);
-        batch_norm(x, bn.gamma.val(), bn.beta.val(), mean, var, bn.epsilon)
+        inference_norm(bn, x, mean, var)
     }
+}
+
+/// `bn` in inference mode with the running statistics `mean` and `var`, as Burn's
+/// `BatchNorm::forward` computes it, on kiln's one-pass kernel
+/// (`kiln_kernels::batch_norm_inference`; Burn's composition under autodiff).
+fn inference_norm(bn: &BatchNorm, x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>) -> Tensor<4> {
+    let device = x.device();
+    let statistics = (mean.to_device(&device), var.to_device(&device));
+    kiln_kernels::batch_norm_inference(x, (bn.gamma.val(), bn.beta.val()), statistics, bn.epsilon)
 }
 
 /// torchvision's convolution initialiser: Kaiming normal, fan-out, ReLU gain.
