@@ -6,6 +6,7 @@ use burn::tensor::module::{batch_norm, batch_norm_train};
 use burn::tensor::{DType, Device, Distribution, Tensor};
 
 use crate::batch_norm_inference;
+use crate::test_support::in_pool;
 
 const TOLERANCE: f32 = 1e-5;
 
@@ -101,16 +102,8 @@ fn inference_batch_norm_does_not_depend_on_the_thread_count() {
     let shape = [6, 5, 9, 9];
     let x = Tensor::<4>::random(shape, Distribution::Normal(0.7, 2.0), &device);
     let params = inputs(&device, shape, 0.7);
-    let in_pool = |threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a thread pool")
-            .install(|| kiln(x.clone(), params.clone()))
-    };
-    in_pool(1)
-        .into_data()
-        .assert_eq(&in_pool(3).into_data(), true);
+    let run = |threads: usize| in_pool(threads, || kiln(x.clone(), params.clone()));
+    run(1).into_data().assert_eq(&run(3).into_data(), true);
 }
 
 #[test]
