@@ -124,9 +124,11 @@ mod tests {
             unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) },
             1
         );
+        // (2048 faults with 4 KiB pages; as few as 4 where transparent huge pages back it.)
         let mapped: Vec<i64> = (0..2).map(|_| faults_of_one_buffer()).collect();
+        let fewest = *mapped.iter().min().expect("two counts");
         assert!(
-            mapped.iter().all(|&faults| faults > 1000),
+            fewest >= 4,
             "mapped buffers faulted only {mapped:?} pages in"
         );
         retain_freed_memory().expect("glibc accepts the settings");
@@ -134,7 +136,7 @@ mod tests {
         faults_of_one_buffer();
         let again: Vec<i64> = (0..3).map(|_| faults_of_one_buffer()).collect();
         assert!(
-            again.iter().all(|&faults| faults < 100),
+            again.iter().all(|&faults| faults * 8 <= fewest),
             "reused buffers faulted {again:?} pages in (mapped ones {mapped:?})"
         );
     }
