@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::im2col::ConvDims;
 use crate::simd::simd;
-use crate::winograd_images;
+use crate::winograd_images::{self, gather_across_images, planes};
 use crate::winograd_tiles::{Tiling, add, channel_stride, sub};
 
 /// Whether a block of `images` images of `tiling` takes these transforms: tile rows too short
@@ -98,16 +98,9 @@ pub(crate) fn transform_output_grad(
                     #[inline(always)]
                     || {
                         let (gathered, columns) = scratch.split_at_mut(tiled_h * tiled_w * n);
-                        gathered.fill(0.0);
-                        for (slot, image) in images.clone().enumerate() {
-                            let plane = &grad[(image * out_channels + channel) * out_h * out_w..]
-                                [..out_h * out_w];
-                            for (y, row) in plane.chunks_exact(out_w).enumerate() {
-                                for (col, value) in row.iter().enumerate() {
-                                    gathered[(y * tiled_w + col) * n + slot] = *value;
-                                }
-                            }
-                        }
+                        let size = [out_h, out_w];
+                        let planes = planes(grad, out_channels, channel, size, images.clone());
+                        gather_across_images(planes, out_w, (0, 0), tiled_w, gathered);
                         let at = |y: usize, x: usize| &gathered[(y * tiled_w + x) * n..][..n];
                         for a in 0..rows {
                             for b in 0..cols {

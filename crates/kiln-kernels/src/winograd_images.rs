@@ -50,16 +50,8 @@ pub(crate) fn transform_input<const R: usize>(
                     #[inline(always)]
                     || {
                         let (gathered, vertical) = scratch.split_at_mut(padded_h * padded_w * n);
-                        gathered.fill(0.0);
-                        for (slot, image) in images.clone().enumerate() {
-                            let plane = &x[(image * dims.channels + channel) * h * w..][..h * w];
-                            for (y, row) in plane.chunks_exact(w).enumerate() {
-                                let base = ((y + top) * padded_w + left) * n + slot;
-                                for (col, value) in row.iter().enumerate() {
-                                    gathered[base + col * n] = *value;
-                                }
-                            }
-                        }
+                        let planes = planes(x, dims.channels, channel, [h, w], images.clone());
+                        gather_across_images(planes, w, (top, left), padded_w, gathered);
                         let at = |y: usize, x: usize| &gathered[(y * padded_w + x) * n..][..n];
                         for a in 0..rows {
                             // vertical[i][x]: row i of Bᵀ d down padded column x of tile row a.
@@ -89,6 +81,38 @@ pub(crate) fn transform_input<const R: usize>(
                 )
             },
         );
+}
+
+/// The `[h, w]` planes of `channel` of `images` in `values` (`[N, channels, h, w]`).
+pub(crate) fn planes(
+    values: &[f32],
+    channels: usize,
+    channel: usize,
+    [h, w]: [usize; 2],
+    images: Range<usize>,
+) -> impl ExactSizeIterator<Item = &[f32]> {
+    images.map(move |image| &values[(image * channels + channel) * h * w..][..h * w])
+}
+
+/// `planes` (`w` wide, one per image) interleaved into `gathered`, a zeroed `[y, x, image]`
+/// block `block_w` wide, each plane's element `(y, x)` at `(y + top, x + left)`.
+pub(crate) fn gather_across_images<'a>(
+    planes: impl ExactSizeIterator<Item = &'a [f32]>,
+    w: usize,
+    (top, left): (usize, usize),
+    block_w: usize,
+    gathered: &mut [f32],
+) {
+    let n = planes.len();
+    gathered.fill(0.0);
+    for (slot, plane) in planes.enumerate() {
+        for (y, row) in plane.chunks_exact(w).enumerate() {
+            let base = ((y + top) * block_w + left) * n + slot;
+            for (col, value) in row.iter().enumerate() {
+                gathered[base + col * n] = *value;
+            }
+        }
+    }
 }
 
 /// Output tiles `Aᵀ M A` of `m` (`[R², Cout, tiles]`, tile-major order) into `out` (`[images,

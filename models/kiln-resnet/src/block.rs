@@ -23,49 +23,31 @@ pub(crate) fn norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
         return kiln_core::sync_batch_norm(bn, x);
     }
     let layer = bn.gamma.val().dtype();
-    let stats = bn.running_mean.value().dtype();
     let input = x.dtype();
-    if input == layer && layer == stats {
-        same_dtype_norm(bn, x)
-    } else if input != layer {
-        same_dtype_norm(bn, x.cast(FloatDType::from(layer))).cast(FloatDType::from(input))
+    if input == layer {
+        layer_dtype_norm(bn, x)
     } else {
-        half_norm(bn, x)
+        layer_dtype_norm(bn, x.cast(FloatDType::from(layer))).cast(FloatDType::from(input))
     }
 }
 
-/// `bn.forward(x)` with training-mode normalisation on kiln's batch-norm kernel
-/// (`kiln_kernels::batch_norm_train`: Burn's arithmetic, without its channels-first copies).
-fn same_dtype_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
-    if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return inference_norm(bn, x, bn.running_mean.value(), bn.running_var.value());
-    }
-    let batch = kiln_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
-    kiln_core::update_running_statistics(bn, batch.mean.detach(), batch.variance.detach());
-    batch.output
-}
-
-/// Batch norm with half-precision weights and input, and running statistics in their own
-/// dtype.
-fn half_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
-    let half = FloatDType::from(x.dtype());
+/// `bn.forward(x)` for `x` in the layer's dtype, running statistics in theirs: training mode
+/// on kiln's batch-norm kernel (`kiln_kernels::batch_norm_train`: Burn's arithmetic, without
+/// its channels-first copies; the statistics update keeps the buffers' dtype), inference
+/// mode on `kiln_kernels::batch_norm_inference` (one pass; Burn's composition under
+/// autodiff) with the running statistics cast to `x`'s dtype, as Burn's ops require.
+fn layer_dtype_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     if x.device().is_autodiff() && bn.training.is_enabled() {
         let batch = kiln_kernels::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
         kiln_core::update_running_statistics(bn, batch.mean.detach(), batch.variance.detach());
-        batch.output
-    } else {
-        let mean = bn.running_mean.value().cast(half);
-        let var = bn.running_var.value().cast(half);
-        inference_norm(bn, x, mean, var)
+        return batch.output;
     }
-}
-
-/// `bn` in inference mode with the running statistics `mean` and `var`, as Burn's
-/// `BatchNorm::forward` computes it, on kiln's one-pass kernel
-/// (`kiln_kernels::batch_norm_inference`; Burn's composition under autodiff).
-fn inference_norm(bn: &BatchNorm, x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>) -> Tensor<4> {
-    let device = x.device();
-    let statistics = (mean.to_device(&device), var.to_device(&device));
+    let (device, dtype) = (x.device(), FloatDType::from(x.dtype()));
+    let running = |t: Tensor<1>| t.to_device(&device).cast(dtype);
+    let statistics = (
+        running(bn.running_mean.value()),
+        running(bn.running_var.value()),
+    );
     kiln_kernels::batch_norm_inference(x, (bn.gamma.val(), bn.beta.val()), statistics, bn.epsilon)
 }
 
