@@ -25,7 +25,7 @@ use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
 use crate::zeroed::zeroed;
-use crate::{shifted, winograd, winograd4};
+use crate::{direct_conv, shifted, winograd, winograd4};
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
 const BLOCK_POSITIONS: usize = 256;
@@ -55,6 +55,12 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
     };
     (dims, batch, out_channels)
 }
+
+/// Largest kernel volume (`Cin·kh·kw`) for which the direct kernel is taken where Winograd's
+/// F(4×4) is not: measured (one thread, batch 32) 0.64–0.72× the best other path's time at
+/// 32–128 channels (3×3 on 16×16 to 4×4), even with F(2×2) at 256 (8×8), 1.2× im2col's at 512
+/// (4×4), where the weights of one 32-channel block (590 KB) no longer stay near the core.
+const DIRECT_MAX_ROWS: usize = 2304;
 
 /// Images per block.
 fn block_size(dims: &ConvDims) -> usize {
@@ -141,6 +147,9 @@ pub(crate) fn forward_values(
 ) -> Vec<f32> {
     if winograd4::applies(dims, out_channels) {
         return winograd4::forward(x, weight, dims, batch, out_channels);
+    }
+    if direct_conv::applies(dims, out_channels) && dims.rows() <= DIRECT_MAX_ROWS {
+        return direct_conv::forward(x, weight, dims, batch, out_channels);
     }
     // Where F(4×4) does not apply, the shifted GEMMs were as fast as F(2×2) or faster
     // (0.76× at 32 channels 16×16); F(2×2) keeps the planes too small for them (8×8).

@@ -71,7 +71,7 @@ impl ConvDims {
     }
 
     /// Splits `kernel_row` (an index below `rows()`) into (channel, tap row, tap column).
-    fn tap(&self, kernel_row: usize) -> (usize, usize, usize) {
+    pub(crate) fn tap(&self, kernel_row: usize) -> (usize, usize, usize) {
         let [kh, kw] = self.kernel;
         (
             kernel_row / (kh * kw),

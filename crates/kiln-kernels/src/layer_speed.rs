@@ -158,7 +158,7 @@ fn conv_path_speed() {
             let weight = values(c * d.rows(), 2);
             let grad = values(batch * c * d.positions(), 3);
             let fits = winograd::shape_fits(&d, c);
-            let paths: [Path; 7] = [
+            let paths: [Path; 8] = [
                 ("forward F(4x4)", fits && size >= 4, &|| {
                     winograd4::forward(&x, &weight, &d, batch, c)
                 }),
@@ -171,6 +171,9 @@ fn conv_path_speed() {
                 ("im2col", true, &|| {
                     im2col_forward(&x, &weight, &d, batch, c)
                 }),
+                ("direct", crate::direct_conv::applies(&d, c), &|| {
+                    crate::direct_conv::forward(&x, &weight, &d, batch, c)
+                }),
                 ("| weight gradient F(2x2)", fits, &|| {
                     winograd::weight_gradient(&x, &grad, &d, batch, c)
                 }),
@@ -181,7 +184,7 @@ fn conv_path_speed() {
                     im2col_weight_gradient(&x, &grad, &d, batch, c)
                 }),
             ];
-            let mut times = [f64::INFINITY; 7];
+            let mut times = [f64::INFINITY; 8];
             for _ in 0..3 {
                 for ((_, applies, run), time) in paths.iter().zip(&mut times) {
                     if *applies {

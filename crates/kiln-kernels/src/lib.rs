@@ -50,6 +50,10 @@ mod conv2d;
 mod conv_extension;
 #[cfg(test)]
 mod conv_tests;
+mod direct_conv;
+#[cfg(test)]
+mod direct_conv_tests;
+mod direct_tile;
 mod flex_activation;
 mod flex_batch_norm;
 mod flex_conv;

@@ -1,0 +1,142 @@
+//! The direct convolution against im2col (the reference the convolution tests hold to Burn).
+
+use crate::direct_conv;
+use crate::direct_tile::{self, TILE_CHANNELS, TILE_POSITIONS, Tile, TileSource};
+use crate::flex_conv::im2col_forward;
+use crate::geometry::ConvGeometry;
+use crate::im2col::ConvDims;
+use crate::test_support::{conv_dims as dims, in_pool, relative_error, values};
+
+/// (dims, out channels, batch): shapes the direct kernel fits, with partial last pieces
+/// (batches not a multiple of 3, heights not of 3), strides 1 and 2, asymmetric padding,
+/// dilation and 1×1 kernels.
+fn cases() -> Vec<(ConvDims, usize, usize)> {
+    let g = ConvGeometry::new;
+    let same = || g().with_padding([(1, 1), (1, 1)]);
+    vec![
+        (dims(16, [8, 8], [3, 3], same()), 32, 5),
+        (dims(40, [4, 4], [3, 3], same()), 64, 4),
+        (dims(3, [16, 16], [3, 3], same()), 32, 2),
+        (
+            dims(24, [16, 16], [3, 3], same().with_stride([2, 2])),
+            32,
+            3,
+        ),
+        (dims(16, [16, 8], [1, 1], g().with_stride([2, 2])), 96, 7),
+        (
+            dims(8, [7, 12], [3, 3], g().with_padding([(2, 0), (1, 1)])),
+            32,
+            2,
+        ),
+        (
+            dims(
+                8,
+                [10, 12],
+                [3, 3],
+                g().with_dilation([2, 2]).with_padding([(2, 2), (2, 2)]),
+            ),
+            32,
+            1,
+        ),
+        (
+            dims(8, [5, 8], [5, 3], g().with_padding([(2, 2), (1, 1)])),
+            32,
+            4,
+        ),
+    ]
+}
+
+#[test]
+fn direct_forward_equals_im2col() {
+    for (index, (d, out_channels, batch)) in cases().into_iter().enumerate() {
+        assert!(direct_conv::shape_fits(&d, out_channels), "case {index}");
+        let x = values(batch * d.image_len(), 1 + index as u64);
+        let weight = values(out_channels * d.rows(), 50 + index as u64);
+        let direct = direct_conv::forward(&x, &weight, &d, batch, out_channels);
+        let reference = im2col_forward(&x, &weight, &d, batch, out_channels);
+        let error = relative_error(&direct, &reference);
+        assert!(error < 1e-5, "case {index}: relative error {error}");
+        // Control: a weight changed by 1 % of its range shows.
+        let mut changed = weight.clone();
+        changed[weight.len() / 2] += 0.02;
+        let other = im2col_forward(&x, &changed, &d, batch, out_channels);
+        assert!(
+            relative_error(&direct, &other) > 1e-4,
+            "case {index}: control"
+        );
+    }
+}
+
+#[test]
+fn direct_forward_does_not_depend_on_the_thread_count() {
+    for (d, out_channels, batch) in cases().into_iter().take(5) {
+        let x = values(batch * d.image_len(), 7);
+        let weight = values(out_channels * d.rows(), 8);
+        let run = |threads| {
+            in_pool(threads, || {
+                direct_conv::forward(&x, &weight, &d, batch, out_channels)
+            })
+        };
+        assert_eq!(run(1), run(3));
+    }
+}
+
+#[test]
+fn shapes_the_tile_cannot_cover_are_refused() {
+    let g = ConvGeometry::new().with_padding([(1, 1), (1, 1)]);
+    assert!(!direct_conv::shape_fits(&dims(8, [8, 8], [3, 3], g), 16));
+    assert!(!direct_conv::shape_fits(&dims(8, [6, 6], [3, 3], g), 32));
+    let strided = g.with_stride([3, 3]);
+    assert!(!direct_conv::shape_fits(
+        &dims(8, [24, 24], [3, 3], strided),
+        32
+    ));
+    let uneven = g.with_stride([1, 2]);
+    assert!(!direct_conv::shape_fits(
+        &dims(8, [16, 16], [3, 3], uneven),
+        32
+    ));
+}
+
+#[test]
+fn the_vector_tile_equals_the_portable_one() {
+    // Exact inputs (small whole numbers): both orders of rounding give the same sums.
+    let input: Vec<f32> = (0..4000).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let taps: Vec<usize> = (0..37).map(|k| k * 13 % 300).collect();
+    let weights: Vec<f32> = (0..taps.len() * TILE_CHANNELS)
+        .map(|i| ((i * 5) % 9) as f32 - 4.0)
+        .collect();
+    let source = TileSource {
+        input: &input,
+        rows: [0, 1000, 2500],
+        taps: &taps,
+        max_tap: *taps.iter().max().unwrap(),
+        weights: &weights,
+    };
+    let empty: Tile = [[0.0; TILE_CHANNELS]; TILE_POSITIONS];
+    let (mut fast, mut portable) = (empty, empty);
+    direct_tile::accumulate::<2>(&source, &mut fast);
+    direct_tile::accumulate_portable::<2>(&source, &mut portable);
+    assert_eq!(fast, portable);
+    assert_ne!(portable, empty);
+    // Stride 1 reads other values.
+    let mut unit = empty;
+    direct_tile::accumulate::<1>(&source, &mut unit);
+    assert_ne!(unit, fast);
+}
+
+#[test]
+#[should_panic(expected = "input too short")]
+fn a_tile_reaching_past_its_input_panics() {
+    let input = vec![0.0; 100];
+    let weights = vec![0.0; TILE_CHANNELS];
+    let source = TileSource {
+        input: &input,
+        rows: [0, 0, 95],
+        taps: &[2],
+        max_tap: 2,
+        weights: &weights,
+    };
+    let mut tile: Tile = [[0.0; TILE_CHANNELS]; TILE_POSITIONS];
+    direct_tile::accumulate::<1>(&source, &mut tile);
+}
