@@ -92,7 +92,7 @@ fn forward_with<const STRIDE: usize>(
             let rows = out.len() / (out_channels * positions) * out_h;
             // Tile row `r` of this piece: (image within the piece, output row).
             let split = |r: usize| (r / out_h, r % out_h);
-            let mut tile: Tile = [[0.0; TILE_CHANNELS]; TILE_POSITIONS];
+            let mut tile: Tile = [0.0; TILE_POSITIONS * TILE_CHANNELS];
             for (block, block_weights) in weights
                 .chunks_exact(dims.rows() * TILE_CHANNELS)
                 .enumerate()
@@ -107,11 +107,14 @@ fn forward_with<const STRIDE: usize>(
                         let source = TileSource {
                             input: &input,
                             rows: offsets.map(|o: usize| o + ow0 * STRIDE),
-                            taps: &taps,
-                            max_tap,
-                            weights: block_weights,
+                            steps: &taps,
+                            max_step: max_tap,
+                            operand: block_weights,
                         };
-                        direct_tile::accumulate::<STRIDE>(&source, &mut tile);
+                        tile.fill(0.0);
+                        direct_tile::accumulate::<TILE_ROWS, TILE_COLUMNS, STRIDE, 2>(
+                            &source, &mut tile,
+                        );
                         for t in 0..TILE_ROWS.min(rows - r0) {
                             let (slot, oh) = split(r0 + t);
                             let channel0 = slot * out_channels + block * TILE_CHANNELS;
@@ -122,7 +125,7 @@ fn forward_with<const STRIDE: usize>(
                             {
                                 let dst = &mut plane_out[oh * out_w + ow0..][..TILE_COLUMNS];
                                 for (c, d) in dst.iter_mut().enumerate() {
-                                    *d = tile[t * TILE_COLUMNS + c][o];
+                                    *d = tile[(t * TILE_COLUMNS + c) * TILE_CHANNELS + o];
                                 }
                             }
                         }
@@ -135,7 +138,11 @@ fn forward_with<const STRIDE: usize>(
 
 /// `x` with its padding written out as zeros: `[N, Cin, Hp, Wp]` and `[Hp, Wp]` (`x` itself
 /// when there is no padding).
-fn padded<'a>(x: &'a [f32], dims: &ConvDims, batch: usize) -> (Cow<'a, [f32]>, [usize; 2]) {
+pub(crate) fn padded<'a>(
+    x: &'a [f32],
+    dims: &ConvDims,
+    batch: usize,
+) -> (Cow<'a, [f32]>, [usize; 2]) {
     let [(top, bottom), (left, right)] = dims.geometry.padding;
     let [height, width] = dims.input;
     let size = [height + top + bottom, width + left + right];

@@ -1,11 +1,13 @@
 //! The direct convolution against im2col (the reference the convolution tests hold to Burn).
 
-use crate::direct_conv;
-use crate::direct_tile::{self, TILE_CHANNELS, TILE_POSITIONS, Tile, TileSource};
-use crate::flex_conv::im2col_forward;
+use crate::direct_tile::{
+    self, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
+};
+use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
 use crate::test_support::{conv_dims as dims, in_pool, relative_error, values};
+use crate::{direct_conv, direct_weight_gradient};
 
 /// (dims, out channels, batch): shapes the direct kernel fits, with partial last pieces
 /// (batches not a multiple of 3, heights not of 3), strides 1 and 2, asymmetric padding,
@@ -98,6 +100,87 @@ fn shapes_the_tile_cannot_cover_are_refused() {
     ));
 }
 
+/// (dims, out channels, batch) for the weight gradient: 16- and 32-channel tiles, 3- and
+/// 1-wide kernels, strides 1 and 2, pair counts that leave a partial last tile.
+fn weight_gradient_cases() -> Vec<(ConvDims, usize, usize)> {
+    let g = ConvGeometry::new;
+    let same = || g().with_padding([(1, 1), (1, 1)]);
+    vec![
+        (dims(16, [8, 8], [3, 3], same()), 32, 5),
+        (dims(5, [12, 12], [3, 3], same()), 16, 3),
+        (dims(3, [16, 16], [3, 3], same()), 48, 2),
+        (
+            dims(24, [16, 16], [3, 3], same().with_stride([2, 2])),
+            32,
+            3,
+        ),
+        (dims(16, [16, 8], [1, 1], g().with_stride([2, 2])), 96, 7),
+        (dims(7, [9, 9], [1, 1], g()), 16, 2),
+        (
+            dims(4, [7, 11], [5, 3], g().with_padding([(2, 0), (1, 1)])),
+            32,
+            2,
+        ),
+        (dims(8, [40, 40], [3, 3], same()), 16, 1),
+    ]
+}
+
+#[test]
+fn direct_weight_gradient_equals_im2col() {
+    for (index, (d, out_channels, batch)) in weight_gradient_cases().into_iter().enumerate() {
+        assert!(
+            direct_weight_gradient::shape_fits(&d, out_channels),
+            "case {index}"
+        );
+        let x = values(batch * d.image_len(), 3 + index as u64);
+        let grad = values(batch * out_channels * d.positions(), 70 + index as u64);
+        let direct = direct_weight_gradient::weight_gradient(&x, &grad, &d, batch, out_channels);
+        let reference = im2col_weight_gradient(&x, &grad, &d, batch, out_channels);
+        let error = relative_error(&direct, &reference);
+        assert!(error < 1e-5, "case {index}: relative error {error}");
+        // Control: one output-gradient value changed shows in the weight gradient.
+        let mut changed = grad.clone();
+        changed[grad.len() / 3] += 0.5;
+        let other = im2col_weight_gradient(&x, &changed, &d, batch, out_channels);
+        assert!(
+            relative_error(&direct, &other) > 1e-4,
+            "case {index}: control"
+        );
+    }
+}
+
+#[test]
+fn direct_weight_gradient_does_not_depend_on_the_thread_count() {
+    for (d, out_channels, batch) in weight_gradient_cases() {
+        let x = values(batch * d.image_len(), 9);
+        let grad = values(batch * out_channels * d.positions(), 10);
+        let run = |threads| {
+            in_pool(threads, || {
+                direct_weight_gradient::weight_gradient(&x, &grad, &d, batch, out_channels)
+            })
+        };
+        assert_eq!(run(1), run(3));
+    }
+}
+
+#[test]
+fn weight_gradient_shapes_the_tile_cannot_cover_are_refused() {
+    let g = ConvGeometry::new().with_padding([(1, 1), (1, 1)]);
+    assert!(!direct_weight_gradient::shape_fits(
+        &dims(8, [8, 8], [3, 3], g),
+        8
+    ));
+    assert!(!direct_weight_gradient::shape_fits(
+        &dims(8, [8, 8], [3, 5], g),
+        32
+    ));
+    let dilated = g.with_dilation([2, 2]);
+    assert!(!direct_weight_gradient::shape_fits(
+        &dims(8, [8, 8], [3, 3], dilated),
+        32
+    ));
+}
+
 #[test]
 fn the_vector_tile_equals_the_portable_one() {
     // Exact inputs (small whole numbers): both orders of rounding give the same sums.
@@ -109,20 +192,34 @@ fn the_vector_tile_equals_the_portable_one() {
     let source = TileSource {
         input: &input,
         rows: [0, 1000, 2500],
-        taps: &taps,
-        max_tap: *taps.iter().max().unwrap(),
-        weights: &weights,
+        steps: &taps,
+        max_step: *taps.iter().max().unwrap(),
+        operand: &weights,
     };
-    let empty: Tile = [[0.0; TILE_CHANNELS]; TILE_POSITIONS];
-    let (mut fast, mut portable) = (empty, empty);
-    direct_tile::accumulate::<2>(&source, &mut fast);
-    direct_tile::accumulate_portable::<2>(&source, &mut portable);
+    // Sums are added to what the tile holds.
+    let start: Tile = std::array::from_fn(|i| (i % 3) as f32);
+    let (mut fast, mut portable) = (start, start);
+    direct_tile::accumulate::<TILE_ROWS, TILE_COLUMNS, 2, 2>(&source, &mut fast);
+    direct_tile::accumulate_portable::<TILE_ROWS, TILE_COLUMNS, 2, 2>(&source, &mut portable);
     assert_eq!(fast, portable);
-    assert_ne!(portable, empty);
+    assert_ne!(portable, start);
     // Stride 1 reads other values.
-    let mut unit = empty;
-    direct_tile::accumulate::<1>(&source, &mut unit);
+    let mut unit = start;
+    direct_tile::accumulate::<TILE_ROWS, TILE_COLUMNS, 1, 2>(&source, &mut unit);
     assert_ne!(unit, fast);
+    // One vector of 16 channels, 24 positions (the narrow weight gradient's tile).
+    let rows: [usize; 8] = std::array::from_fn(|r| r * 300);
+    let narrow = TileSource {
+        input: &input,
+        rows,
+        steps: &taps,
+        max_step: *taps.iter().max().unwrap(),
+        operand: &weights[..taps.len() * 16],
+    };
+    let (mut fast, mut portable) = (vec![1.0; 24 * 16], vec![1.0; 24 * 16]);
+    direct_tile::accumulate::<8, 3, 1, 1>(&narrow, &mut fast);
+    direct_tile::accumulate_portable::<8, 3, 1, 1>(&narrow, &mut portable);
+    assert_eq!(fast, portable);
 }
 
 #[test]
@@ -133,10 +230,10 @@ fn a_tile_reaching_past_its_input_panics() {
     let source = TileSource {
         input: &input,
         rows: [0, 0, 95],
-        taps: &[2],
-        max_tap: 2,
-        weights: &weights,
+        steps: &[2],
+        max_step: 2,
+        operand: &weights,
     };
-    let mut tile: Tile = [[0.0; TILE_CHANNELS]; TILE_POSITIONS];
-    direct_tile::accumulate::<1>(&source, &mut tile);
+    let mut tile: Tile = [0.0; TILE_POSITIONS * TILE_CHANNELS];
+    direct_tile::accumulate::<TILE_ROWS, TILE_COLUMNS, 1, 2>(&source, &mut tile);
 }

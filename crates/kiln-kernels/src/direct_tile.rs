@@ -12,18 +12,22 @@
 //! portable loop of the same sums (for tests; the dispatch takes this path only where it is
 //! fast).
 
-/// Output rows per tile.
+/// Output rows per forward tile.
 pub(crate) const TILE_ROWS: usize = 3;
-/// Output columns per tile row.
+/// Output columns per forward tile row.
 pub(crate) const TILE_COLUMNS: usize = 4;
-/// Output channels per tile: two vectors of 16.
+/// Output channels per forward tile: two vectors of 16.
 pub(crate) const TILE_CHANNELS: usize = 32;
-/// Output positions per tile.
+/// Output positions per forward tile.
 pub(crate) const TILE_POSITIONS: usize = TILE_ROWS * TILE_COLUMNS;
+/// Lanes per vector.
+pub(crate) const LANES: usize = 16;
+/// Most accumulator registers a tile may use (of AVX-512's 32, the rest hold operands).
+pub(crate) const MAX_ACCUMULATORS: usize = 24;
 
-/// A tile's sums: `[position][channel]`, position `t·TILE_COLUMNS + c` for tile row `t` and
-/// column `c`.
-pub(crate) type Tile = [[f32; TILE_CHANNELS]; TILE_POSITIONS];
+/// A forward tile's sums: `[position][channel]` flattened, position `t·TILE_COLUMNS + c` for
+/// tile row `t` and column `c`.
+pub(crate) type Tile = [f32; TILE_POSITIONS * TILE_CHANNELS];
 
 /// Whether this CPU runs the AVX-512 tile (the only one worth dispatching to).
 pub(crate) fn fast() -> bool {
@@ -38,58 +42,87 @@ pub(crate) fn fast() -> bool {
 }
 
 /// Where a tile reads: row `t`, column `c`, step `k` reads
-/// `input[rows[t] + taps[k] + c·STRIDE]`, against `weights[k·TILE_CHANNELS..][..TILE_CHANNELS]`.
-pub(crate) struct TileSource<'a> {
+/// `input[rows[t] + steps[k] + c·STRIDE]`, against the `VECTORS·16` values
+/// `operand[k·VECTORS·16..]`. In the forward the steps are the kernel's (channel, tap) pairs
+/// and the operand the packed weights; in the weight gradient the steps are output positions
+/// and the operand the packed output gradient.
+pub(crate) struct TileSource<'a, const ROWS: usize> {
     /// The padded input.
     pub input: &'a [f32],
-    /// Offset of each tile row's first position (kernel tap 0).
-    pub rows: [usize; TILE_ROWS],
-    /// Offset of each (input channel, tap) step from a row's offset.
-    pub taps: &'a [usize],
-    /// The largest of `taps`.
-    pub max_tap: usize,
-    /// Packed weights: `taps.len()` steps of `TILE_CHANNELS` values.
-    pub weights: &'a [f32],
+    /// Offset of each tile row's first value.
+    pub rows: [usize; ROWS],
+    /// Offset of each step from a row's offset.
+    pub steps: &'a [usize],
+    /// The largest of `steps`.
+    pub max_step: usize,
+    /// `steps.len()` groups of `VECTORS·16` values.
+    pub operand: &'a [f32],
 }
 
-/// `tile[t·4 + c][o] = Σ_k weights[k·32 + o] · input[rows[t] + taps[k] + c·STRIDE]`.
+/// Adds to `tile[(t·COLUMNS + c)·W + o]` (`W = VECTORS·16`) the sum over steps `k` of
+/// `operand[k·W + o] · input[rows[t] + steps[k] + c·STRIDE]`.
 ///
 /// # Panics
 ///
-/// If a read would fall outside `input` or `weights` (`max_tap` must bound `taps`).
-pub(crate) fn accumulate<const STRIDE: usize>(source: &TileSource, tile: &mut Tile) {
+/// If a read would fall outside `input` or `operand` (`max_step` must bound `steps`), if
+/// `tile` does not hold `ROWS·COLUMNS·W` values, or if the tile needs more than
+/// [`MAX_ACCUMULATORS`] registers or more than two vectors per position.
+pub(crate) fn accumulate<
+    const ROWS: usize,
+    const COLUMNS: usize,
+    const STRIDE: usize,
+    const VECTORS: usize,
+>(
+    source: &TileSource<ROWS>,
+    tile: &mut [f32],
+) {
+    assert!(
+        (1..=2).contains(&VECTORS) && ROWS * COLUMNS * VECTORS <= MAX_ACCUMULATORS,
+        "direct tile: too many accumulators"
+    );
+    assert_eq!(
+        tile.len(),
+        ROWS * COLUMNS * VECTORS * LANES,
+        "direct tile: size"
+    );
     let last_row = source.rows.iter().copied().max().unwrap_or(0);
-    let reach = last_row + source.max_tap + (TILE_COLUMNS - 1) * STRIDE;
+    let reach = last_row + source.max_step + (COLUMNS - 1) * STRIDE;
     assert!(reach < source.input.len(), "direct tile: input too short");
     assert!(
-        source.weights.len() >= source.taps.len() * TILE_CHANNELS,
-        "direct tile: weights too short"
+        source.operand.len() >= source.steps.len() * VECTORS * LANES,
+        "direct tile: operand too short"
     );
-    debug_assert!(source.taps.iter().all(|&t| t <= source.max_tap));
+    debug_assert!(source.steps.iter().all(|&t| t <= source.max_step));
     #[cfg(target_arch = "x86_64")]
     if fast() {
         // SAFETY: the CPU has AVX-512F (checked just above); every input offset is
-        // `rows[t] + taps[k] + c·STRIDE ≤ reach < input.len()` (asserted, with `taps[k] ≤
-        // max_tap` a precondition the caller states and debug builds check), every weight
-        // offset below `taps.len()·TILE_CHANNELS ≤ weights.len()` (asserted).
-        unsafe { accumulate_avx512::<STRIDE>(source, tile) };
+        // `rows[t] + steps[k] + c·STRIDE ≤ reach < input.len()` (asserted, with `steps[k] ≤
+        // max_step` a precondition the caller states and debug builds check), every operand
+        // offset below `steps.len()·VECTORS·16 ≤ operand.len()` and every tile offset below
+        // `tile.len()` (asserted), and the accumulators fit their array (asserted).
+        unsafe { accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) };
         return;
     }
-    accumulate_portable::<STRIDE>(source, tile);
+    accumulate_portable::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile);
 }
 
 /// The same sums in plain Rust, in the same order (without fusing, so rounding may differ).
-pub(crate) fn accumulate_portable<const STRIDE: usize>(source: &TileSource, tile: &mut Tile) {
-    *tile = [[0.0; TILE_CHANNELS]; TILE_POSITIONS];
-    for (&tap, weights) in source
-        .taps
-        .iter()
-        .zip(source.weights.chunks_exact(TILE_CHANNELS))
-    {
+pub(crate) fn accumulate_portable<
+    const ROWS: usize,
+    const COLUMNS: usize,
+    const STRIDE: usize,
+    const VECTORS: usize,
+>(
+    source: &TileSource<ROWS>,
+    tile: &mut [f32],
+) {
+    let width = VECTORS * LANES;
+    for (&step, operand) in source.steps.iter().zip(source.operand.chunks_exact(width)) {
         for (t, &row) in source.rows.iter().enumerate() {
-            for c in 0..TILE_COLUMNS {
-                let x = source.input[row + tap + c * STRIDE];
-                for (sum, &w) in tile[t * TILE_COLUMNS + c].iter_mut().zip(weights) {
+            for c in 0..COLUMNS {
+                let x = source.input[row + step + c * STRIDE];
+                let sums = &mut tile[(t * COLUMNS + c) * width..][..width];
+                for (sum, &w) in sums.iter_mut().zip(operand) {
                     *sum += x * w;
                 }
             }
@@ -99,38 +132,61 @@ pub(crate) fn accumulate_portable<const STRIDE: usize>(source: &TileSource, tile
 
 /// # Safety
 ///
-/// The CPU must have AVX-512F, and every offset `rows[t] + taps[k] + c·STRIDE` must lie
-/// inside `input`, every `k·32 + 31` inside `weights`.
+/// The CPU must have AVX-512F; every offset `rows[t] + steps[k] + c·STRIDE` must lie inside
+/// `input`, every `k·VECTORS·16 + VECTORS·16 − 1` inside `operand`; `tile` must hold
+/// `ROWS·COLUMNS·VECTORS·16` values, with `ROWS·COLUMNS·VECTORS ≤ MAX_ACCUMULATORS` and
+/// `VECTORS ≤ 2`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn accumulate_avx512<const STRIDE: usize>(source: &TileSource, tile: &mut Tile) {
+unsafe fn accumulate_avx512<
+    const ROWS: usize,
+    const COLUMNS: usize,
+    const STRIDE: usize,
+    const VECTORS: usize,
+>(
+    source: &TileSource<ROWS>,
+    tile: &mut [f32],
+) {
     use std::arch::x86_64::{
         __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
         _mm512_storeu_ps,
     };
+    let width = VECTORS * LANES;
     let input = source.input.as_ptr();
-    let mut weights = source.weights.as_ptr();
-    let mut sums: [[__m512; 2]; TILE_POSITIONS] = [[_mm512_setzero_ps(); 2]; TILE_POSITIONS];
-    // SAFETY (all pointer reads below): within the bounds this function's contract states.
+    let mut operand = source.operand.as_ptr();
+    let out = tile.as_mut_ptr();
+    // SAFETY (all pointer accesses below): within the bounds this function's contract states.
     unsafe {
+        let mut sums: [[__m512; 2]; MAX_ACCUMULATORS] =
+            [[_mm512_setzero_ps(); 2]; MAX_ACCUMULATORS];
+        for (p, sum) in sums.iter_mut().enumerate().take(ROWS * COLUMNS) {
+            for (v, lane) in sum.iter_mut().enumerate().take(VECTORS) {
+                *lane = _mm512_loadu_ps(out.add(p * width + v * LANES));
+            }
+        }
         let rows = source.rows.map(|r| input.add(r));
-        for &tap in source.taps {
-            let low = _mm512_loadu_ps(weights);
-            let high = _mm512_loadu_ps(weights.add(16));
+        for &step in source.steps {
+            let mut vectors = [_mm512_setzero_ps(); 2];
+            vectors[0] = _mm512_loadu_ps(operand);
+            if VECTORS == 2 {
+                vectors[1] = _mm512_loadu_ps(operand.add(LANES));
+            }
             for (t, row) in rows.iter().enumerate() {
-                let base = row.add(tap);
-                for c in 0..TILE_COLUMNS {
+                let base = row.add(step);
+                for c in 0..COLUMNS {
                     let x = _mm512_set1_ps(*base.add(c * STRIDE));
-                    let sum = &mut sums[t * TILE_COLUMNS + c];
-                    sum[0] = _mm512_fmadd_ps(x, low, sum[0]);
-                    sum[1] = _mm512_fmadd_ps(x, high, sum[1]);
+                    let sum = &mut sums[t * COLUMNS + c];
+                    for v in 0..VECTORS {
+                        sum[v] = _mm512_fmadd_ps(x, vectors[v], sum[v]);
+                    }
                 }
             }
-            weights = weights.add(TILE_CHANNELS);
+            operand = operand.add(width);
         }
-        for (out, sum) in tile.iter_mut().zip(&sums) {
-            _mm512_storeu_ps(out.as_mut_ptr(), sum[0]);
-            _mm512_storeu_ps(out.as_mut_ptr().add(16), sum[1]);
+        for (p, sum) in sums.iter().enumerate().take(ROWS * COLUMNS) {
+            for (v, lane) in sum.iter().enumerate().take(VECTORS) {
+                _mm512_storeu_ps(out.add(p * width + v * LANES), *lane);
+            }
         }
     }
 }

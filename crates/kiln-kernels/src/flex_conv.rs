@@ -25,7 +25,7 @@ use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
 use crate::zeroed::zeroed;
-use crate::{direct_conv, shifted, winograd, winograd4};
+use crate::{direct_conv, direct_weight_gradient, shifted, winograd, winograd4};
 
 /// Output positions (images × Ho·Wo) a block's GEMM should see at least.
 const BLOCK_POSITIONS: usize = 256;
@@ -58,9 +58,22 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
 
 /// Largest kernel volume (`Cin·kh·kw`) for which the direct kernel is taken where Winograd's
 /// F(4×4) is not: measured (one thread, batch 32) 0.64–0.72× the best other path's time at
-/// 32–128 channels (3×3 on 16×16 to 4×4), even with F(2×2) at 256 (8×8), 1.2× im2col's at 512
-/// (4×4), where the weights of one 32-channel block (590 KB) no longer stay near the core.
-const DIRECT_MAX_ROWS: usize = 2304;
+/// 32–128 channels (3×3 on 16×16 to 4×4); at 256 channels even with F(2×2) (8×8) and slower
+/// than im2col with stride 2, at 512 (4×4) 1.2× im2col's, where the weights of one
+/// 32-channel block (295–590 KB) no longer stay near the core.
+const DIRECT_MAX_ROWS: usize = 1152;
+
+/// Most channel pairs (`Cin·Cout`) for which the direct weight gradient goes ahead of every
+/// other path: measured (one thread, batch 32, 3×3) 0.77–0.81× the best other path's time at
+/// 16–64 channels (32×32 to 8×8); from 128 channels F(2×2) or the shifted GEMMs were faster
+/// where they apply (1.14× at 128 channels 4×4, 1.5× at 64 channels 32×32). Where neither
+/// applies (small planes with many channels, strides, 1×1 kernels) it still goes ahead of
+/// im2col (0.85× at 512 channels 4×4).
+const DIRECT_FIRST_MAX_PAIRS: usize = 64 * 64;
+
+/// Fewest input channels for the direct weight gradient: with 3 (an RGB stem) a tile of
+/// (channel, kernel row) pairs is mostly empty and it took 2.3× im2col's time.
+const DIRECT_MIN_CHANNELS: usize = 16;
 
 /// Images per block.
 fn block_size(dims: &ConvDims) -> usize {
@@ -336,11 +349,19 @@ pub(crate) fn weight_gradient(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
+    let direct = direct_weight_gradient::applies(dims, out_channels);
+    let pairs = dims.channels * out_channels;
+    if direct && dims.channels >= DIRECT_MIN_CHANNELS && pairs <= DIRECT_FIRST_MAX_PAIRS {
+        return direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels);
+    }
     if winograd::applies_to_weight_gradient(dims, out_channels) {
         return winograd::weight_gradient(x, grad, dims, batch, out_channels);
     }
     if shifted::applies(dims) {
         return shifted::weight_gradient(x, grad, dims, batch, out_channels);
+    }
+    if direct && dims.channels >= DIRECT_MIN_CHANNELS {
+        return direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels);
     }
     im2col_weight_gradient(x, grad, dims, batch, out_channels)
 }

@@ -158,7 +158,7 @@ fn conv_path_speed() {
             let weight = values(c * d.rows(), 2);
             let grad = values(batch * c * d.positions(), 3);
             let fits = winograd::shape_fits(&d, c);
-            let paths: [Path; 8] = [
+            let paths: [Path; 9] = [
                 ("forward F(4x4)", fits && size >= 4, &|| {
                     winograd4::forward(&x, &weight, &d, batch, c)
                 }),
@@ -183,8 +183,13 @@ fn conv_path_speed() {
                 ("im2col", true, &|| {
                     im2col_weight_gradient(&x, &grad, &d, batch, c)
                 }),
+                (
+                    "direct",
+                    crate::direct_weight_gradient::applies(&d, c),
+                    &|| crate::direct_weight_gradient::weight_gradient(&x, &grad, &d, batch, c),
+                ),
             ];
-            let mut times = [f64::INFINITY; 8];
+            let mut times = [f64::INFINITY; 9];
             for _ in 0..3 {
                 for ((_, applies, run), time) in paths.iter().zip(&mut times) {
                     if *applies {

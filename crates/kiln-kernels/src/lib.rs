@@ -54,6 +54,7 @@ mod direct_conv;
 #[cfg(test)]
 mod direct_conv_tests;
 mod direct_tile;
+mod direct_weight_gradient;
 mod flex_activation;
 mod flex_batch_norm;
 mod flex_conv;
