@@ -10,8 +10,11 @@
 //!   at outputs of 32×32 and more (16×16 from 64 channels); for other unit-stride shapes of
 //!   large images (≥ 8 input channels, ≥ 256 output positions), `kh` GEMMs over `kw`
 //!   column-shifted copies of the padded image; F(2×2, 3×3) (16 GEMMs, 2.25× fewer) for the
-//!   3×3 outputs from 8×8 those leave and for wide layers' weight gradients; im2col + one
-//!   GEMM per block of images for the rest. Its input gradient is a convolution of the output gradient with the
+//!   3×3 outputs from 8×8 those leave and for wide layers' weight gradients; on CPUs with
+//!   AVX-512, direct convolutions (register tiles summed over the zero-padded input in place)
+//!   for the other forwards of up to 128 channels at 3×3, strides 1 and 2, and for the weight
+//!   gradients of up to 64 × 64 channels and of strided and 1×1 layers; im2col + one GEMM per
+//!   block of images for the rest. Its input gradient is a convolution of the output gradient with the
 //!   flipped kernel (unit strides, so it takes the same paths) or a GEMM and a col2im, its
 //!   weight gradient one more GEMM per block (16 under Winograd),
 //!   instead of Flex's tiled forward, transposed convolution and dilated convolution. The
