@@ -23,9 +23,6 @@ const CHUNK_POSITIONS: usize = 512;
 /// Positions packed at a time (their `width` channels: 4–8 KB).
 const PACK_POSITIONS: usize = 64;
 
-/// Parallel pieces per thread of the pool.
-const PIECES_PER_THREAD: usize = 2;
-
 /// Whether the direct kernel can compute this weight gradient: output channels a multiple
 /// of 16, the same stride of 1 or 2 both ways, no dilation, kernels 1 or 3 wide.
 pub(crate) fn shape_fits(dims: &ConvDims, out_channels: usize) -> bool {
@@ -108,8 +105,11 @@ fn weight_gradient_with<const ROWS: usize, const COLUMNS: usize, const VECTORS: 
     let row_offset = |pair: usize| (pair / kernel_rows) * plane + (pair % kernel_rows) * padded_w;
     let tiles = pairs.div_ceil(ROWS);
     let blocks = out_channels / width;
-    let pieces = rayon::current_num_threads() * PIECES_PER_THREAD;
-    let group = tiles.div_ceil(pieces.div_ceil(blocks)).max(1);
+    // As few pieces as keep every thread busy: each piece reads its block's whole output
+    // gradient once (from the shared cache when it outgrows the core's), so with four pieces
+    // per thread two threads ran no faster than one.
+    let threads = rayon::current_num_threads();
+    let group = tiles.div_ceil(threads.div_ceil(blocks)).max(1);
     let padded_tiles = tiles.div_ceil(group) * group;
     let tile_len = ROWS * COLUMNS * width;
     let mut sums = zeroed(blocks * padded_tiles * tile_len);
@@ -168,25 +168,23 @@ fn packed_grad(
     positions: usize,
     width: usize,
 ) -> Vec<f32> {
-    let total = batch * positions;
-    let mut packed = zeroed(out_channels * total);
+    let mut packed = zeroed(out_channels * batch * positions);
+    // One (block, image) per piece: `[positions, width]`, contiguous.
     packed
-        .par_chunks_mut(total * width)
+        .par_chunks_mut(positions * width)
         .enumerate()
-        .for_each(|(block, dst)| {
-            for b in 0..batch {
-                let images = &mut dst[b * positions * width..][..positions * width];
-                let first = b * out_channels + block * width;
-                // A few positions at a time, so the destination lines stay in the L1 cache
-                // while all `width` channels are written into them.
-                for p0 in (0..positions).step_by(PACK_POSITIONS) {
-                    let count = PACK_POSITIONS.min(positions - p0);
-                    let part = &mut images[p0 * width..][..count * width];
-                    for lane in 0..width {
-                        let src = &grad[(first + lane) * positions + p0..][..count];
-                        for (values, &v) in part.chunks_exact_mut(width).zip(src) {
-                            values[lane] = v;
-                        }
+        .for_each(|(piece, images)| {
+            let (block, b) = (piece / batch, piece % batch);
+            let first = b * out_channels + block * width;
+            // A few positions at a time, so the destination lines stay in the L1 cache
+            // while all `width` channels are written into them.
+            for p0 in (0..positions).step_by(PACK_POSITIONS) {
+                let count = PACK_POSITIONS.min(positions - p0);
+                let part = &mut images[p0 * width..][..count * width];
+                for lane in 0..width {
+                    let src = &grad[(first + lane) * positions + p0..][..count];
+                    for (values, &v) in part.chunks_exact_mut(width).zip(src) {
+                        values[lane] = v;
                     }
                 }
             }
