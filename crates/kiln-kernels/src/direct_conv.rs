@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use crate::direct_tile::{
-    self, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, TileSource,
+    self, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
 };
 use crate::im2col::ConvDims;
 use crate::zeroed::zeroed;
@@ -157,7 +157,7 @@ impl Piece<'_> {
         let rows = self.rows;
         // Tile row `r` of this piece: (image within the piece, output row).
         let split = |r: usize| (r / out_h, r % out_h);
-        let mut tile = [0.0f32; TILE_LEN];
+        let mut tile: Tile = [0.0; TILE_LEN];
         for r0 in (0..rows).step_by(TILE_ROWS) {
             // A last tile past the piece's rows repeats its last row, not stored.
             let offsets: [usize; TILE_ROWS] = std::array::from_fn(|t| {
