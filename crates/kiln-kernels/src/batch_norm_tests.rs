@@ -207,7 +207,12 @@ fn half_precision_batch_norm_is_computed_in_f32_and_cast_back() {
 #[ignore]
 fn batch_norm_speed() {
     let device = Device::flex().autodiff();
-    for shape in [[32, 16, 32, 32], [32, 32, 16, 16], [32, 64, 8, 8], [32, 128, 4, 4]] {
+    for shape in [
+        [32, 16, 32, 32],
+        [32, 32, 16, 16],
+        [32, 64, 8, 8],
+        [32, 128, 4, 4],
+    ] {
         let inputs = inputs(&device, shape, 0.5);
         let mut best = f64::INFINITY;
         for _ in 0..10 {

@@ -16,6 +16,7 @@ use crate::direct_tile::{
     self, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
 };
 use crate::im2col::ConvDims;
+use crate::short_copy::copy_short;
 use crate::zeroed::zeroed;
 
 /// Images per parallel piece: tiles take their three rows across the piece's images, so
@@ -208,7 +209,7 @@ pub(crate) fn padded<'a>(
         .zip(x.par_chunks(height * width))
         .for_each(|(dst, src)| {
             for (row, line) in src.chunks_exact(width).enumerate() {
-                dst[(top + row) * size[1] + left..][..width].copy_from_slice(line);
+                copy_short(&mut dst[(top + row) * size[1] + left..][..width], line);
             }
         });
     (Cow::Owned(padded), size)

@@ -77,6 +77,7 @@ mod sgd_tests;
 mod shifted;
 #[cfg(test)]
 mod shifted_tests;
+mod short_copy;
 mod simd;
 #[cfg(test)]
 mod test_support;

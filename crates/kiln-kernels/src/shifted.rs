@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use crate::block_sum::sum_over_blocks;
 use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
+use crate::short_copy::copy_short;
 use crate::zeroed::zeroed;
 
 /// Fewest output positions per image: smaller images would waste more of each GEMM on the
@@ -108,8 +109,10 @@ impl Padded {
                 }
                 let dst = &mut padded[(channel * kw + j) * self.row_stride..];
                 for (row, line) in plane.chunks_exact(width).enumerate() {
-                    dst[(top + row) * self.width + at..][..count]
-                        .copy_from_slice(&line[skip..skip + count]);
+                    copy_short(
+                        &mut dst[(top + row) * self.width + at..][..count],
+                        &line[skip..skip + count],
+                    );
                 }
             }
         }
