@@ -122,6 +122,8 @@ fn weight_gradient_cases() -> Vec<(ConvDims, usize, usize)> {
             2,
         ),
         (dims(8, [40, 40], [3, 3], same()), 16, 1),
+        // Two images per chunk of positions, three images: a last chunk of one.
+        (dims(32, [16, 16], [3, 3], same()), 32, 3),
     ]
 }
 
@@ -236,4 +238,69 @@ fn a_tile_reaching_past_its_input_panics() {
     };
     let mut tile: Tile = [0.0; TILE_POSITIONS * TILE_CHANNELS];
     direct_tile::accumulate::<TILE_ROWS, TILE_COLUMNS, 1, 2>(&source, &mut tile);
+}
+
+/// The dispatch takes the direct paths where they were measured fastest (on CPUs with
+/// AVX-512) and keeps them off where they were not.
+#[test]
+fn the_dispatch_takes_the_direct_paths_where_they_were_fastest() {
+    use crate::flex_conv::{forward_values, weight_gradient};
+    let g = ConvGeometry::new().with_padding([(1, 1), (1, 1)]);
+    let batch = 3;
+    let run = |channels: usize, size: usize, geometry: ConvGeometry| {
+        let d = dims(channels, [size, size], [3, 3], geometry);
+        let x = values(batch * d.image_len(), 1);
+        let weight = values(channels * d.rows(), 2);
+        let grad = values(batch * channels * d.positions(), 3);
+        let forward = forward_values(&x, &weight, &d, batch, channels);
+        let direct_forward = direct_conv::forward(&x, &weight, &d, batch, channels);
+        let wgrad = weight_gradient(&x, &grad, &d, batch, channels);
+        let direct_wgrad = direct_weight_gradient::weight_gradient(&x, &grad, &d, batch, channels);
+        (forward == direct_forward, wgrad == direct_wgrad)
+    };
+    let fast = direct_tile::fast();
+    // 64 channels on 8×8, 32 on 16×16, strided 3×3: both directions direct.
+    assert_eq!(run(64, 8, g), (fast, fast));
+    assert_eq!(run(32, 16, g), (fast, fast));
+    assert_eq!(run(32, 16, g.with_stride([2, 2])), (fast, fast));
+    // 128 channels on 16×16: F(4×4) forward, F(2×2) weight gradient.
+    assert_eq!(run(128, 16, g), (false, false));
+}
+
+/// Batches of 1 to 5 images on planes from 4×4 to 20×20, strides 1 and 2, 3×3 and 1×1
+/// kernels: every partial piece and chunk the loops can leave.
+#[test]
+fn direct_paths_equal_im2col_over_a_sweep_of_batches_and_sizes() {
+    let g = ConvGeometry::new;
+    for batch in 1..=5 {
+        for size in [4, 8, 12, 20] {
+            for stride in [1, 2] {
+                for (kernel, pad) in [(3, 1), (1, 0)] {
+                    let d = dims(
+                        8,
+                        [size, size],
+                        [kernel, kernel],
+                        g().with_stride([stride, stride])
+                            .with_padding([(pad, pad), (pad, pad)]),
+                    );
+                    let case =
+                        format!("batch {batch}, {size}×{size}, stride {stride}, {kernel}×{kernel}");
+                    let x = values(batch * d.image_len(), batch as u64);
+                    let grad = values(batch * 32 * d.positions(), 9);
+                    let wgrad = direct_weight_gradient::weight_gradient(&x, &grad, &d, batch, 32);
+                    let reference = im2col_weight_gradient(&x, &grad, &d, batch, 32);
+                    assert!(
+                        relative_error(&wgrad, &reference) < 1e-5,
+                        "{case}: weight gradient"
+                    );
+                    if direct_conv::shape_fits(&d, 32) {
+                        let weight = values(32 * d.rows(), 4);
+                        let out = direct_conv::forward(&x, &weight, &d, batch, 32);
+                        let reference = im2col_forward(&x, &weight, &d, batch, 32);
+                        assert!(relative_error(&out, &reference) < 1e-5, "{case}: forward");
+                    }
+                }
+            }
+        }
+    }
 }

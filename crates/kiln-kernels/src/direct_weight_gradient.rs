@@ -98,7 +98,6 @@ fn weight_gradient_with<const ROWS: usize, const COLUMNS: usize, const VECTORS: 
             b * image + (p / out_w) * stride * padded_w + (p % out_w) * stride
         })
         .collect();
-    let max_step = steps.iter().copied().max().unwrap_or(0);
     let packed = packed_grad(grad, batch, out_channels, positions, width);
     let kernel_rows = dims.kernel[0];
     let pairs = dims.channels * kernel_rows;
@@ -135,7 +134,9 @@ fn weight_gradient_with<const ROWS: usize, const COLUMNS: usize, const VECTORS: 
                         input: &input,
                         rows,
                         steps: &steps[..end - start],
-                        max_step,
+                        // Offsets grow with the position: the chunk's last is its largest (a
+                        // last chunk of fewer images reads no further than its own).
+                        max_step: steps[end - start - 1],
                         operand: &block_grad[start * width..end * width],
                     };
                     direct_tile::accumulate::<ROWS, COLUMNS, 1, VECTORS>(&source, tile);
