@@ -13,7 +13,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use crate::direct_tile::{
-    self, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
+    self, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
 };
 use crate::im2col::ConvDims;
 use crate::short_copy::copy_short;
@@ -22,9 +22,6 @@ use crate::zeroed::zeroed;
 /// Images per parallel piece: tiles take their three rows across the piece's images, so
 /// with three images no tile is partly empty where an image's height is not a multiple of 3.
 const GROUP_IMAGES: usize = 3;
-
-/// Kernel steps packed at a time (their 32 channels: 8 KB).
-const PACK_STEPS: usize = 64;
 
 /// Values in one tile's sums.
 const TILE_LEN: usize = TILE_POSITIONS * TILE_CHANNELS;
@@ -86,7 +83,7 @@ fn forward_with<const STRIDE: usize>(
             channel * plane + i * dilation[0] * padded_w + j * dilation[1]
         })
         .collect();
-    let max_tap = taps.iter().copied().max().unwrap_or(0);
+    let steps = Steps::new(&taps);
     let weights = packed_weights(weight, out_channels, dims.rows());
     let [out_h, out_w] = dims.output;
     let positions = out_h * out_w;
@@ -115,8 +112,7 @@ fn forward_with<const STRIDE: usize>(
                 .for_each(|(mut block_out, block_weights)| {
                     let piece = Piece {
                         input: &input,
-                        taps: &taps,
-                        max_tap,
+                        steps,
                         first_offset: first * image,
                         image,
                         rows,
@@ -134,9 +130,7 @@ struct Piece<'a> {
     /// The padded input.
     input: &'a [f32],
     /// Offset of each (input channel, tap) from a window's corner.
-    taps: &'a [usize],
-    /// The largest of `taps`.
-    max_tap: usize,
+    steps: Steps<'a>,
     /// Offset of the piece's first image in `input`.
     first_offset: usize,
     /// Elements of one padded image.
@@ -169,8 +163,7 @@ impl Piece<'_> {
                 let source = TileSource {
                     input: self.input,
                     rows: offsets.map(|o| o + ow0 * STRIDE),
-                    steps: self.taps,
-                    max_step: self.max_tap,
+                    steps: self.steps,
                     operand: weights,
                 };
                 tile.fill(0.0);
@@ -221,21 +214,7 @@ fn packed_weights(weight: &[f32], out_channels: usize, k: usize) -> Vec<f32> {
     let mut packed = zeroed(out_channels * k);
     packed
         .par_chunks_mut(k * TILE_CHANNELS)
-        .enumerate()
-        .for_each(|(block, dst)| {
-            // A few steps at a time: each weight row is read in order, and the destination
-            // lines stay in the L1 cache while all 32 channels are written into them (one
-            // value per row per step across 32 rows k apart cost 2–3 ms at 512 channels).
-            for first in (0..k).step_by(PACK_STEPS) {
-                let count = PACK_STEPS.min(k - first);
-                let part = &mut dst[first * TILE_CHANNELS..][..count * TILE_CHANNELS];
-                for o in 0..TILE_CHANNELS {
-                    let row = &weight[(block * TILE_CHANNELS + o) * k + first..][..count];
-                    for (values, &w) in part.chunks_exact_mut(TILE_CHANNELS).zip(row) {
-                        values[o] = w;
-                    }
-                }
-            }
-        });
+        .zip(weight.par_chunks_exact(k * TILE_CHANNELS))
+        .for_each(|(dst, rows)| direct_tile::interleave(rows, TILE_CHANNELS, dst));
     packed
 }

@@ -1,7 +1,7 @@
 //! The direct convolution against im2col (the reference the convolution tests hold to Burn).
 
 use crate::direct_tile::{
-    self, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
+    self, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
 };
 use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
@@ -194,8 +194,7 @@ fn the_vector_tile_equals_the_portable_one() {
     let source = TileSource {
         input: &input,
         rows: [0, 1000, 2500],
-        steps: &taps,
-        max_step: *taps.iter().max().unwrap(),
+        steps: Steps::new(&taps),
         operand: &weights,
     };
     // Sums are added to what the tile holds.
@@ -214,8 +213,7 @@ fn the_vector_tile_equals_the_portable_one() {
     let narrow = TileSource {
         input: &input,
         rows,
-        steps: &taps,
-        max_step: *taps.iter().max().unwrap(),
+        steps: Steps::new(&taps),
         operand: &weights[..taps.len() * 16],
     };
     let (mut fast, mut portable) = (vec![1.0; 24 * 16], vec![1.0; 24 * 16]);
@@ -232,8 +230,7 @@ fn a_tile_reaching_past_its_input_panics() {
     let source = TileSource {
         input: &input,
         rows: [0, 0, 95],
-        steps: &[2],
-        max_step: 2,
+        steps: Steps::new(&[2]),
         operand: &weights,
     };
     let mut tile: Tile = [0.0; TILE_POSITIONS * TILE_CHANNELS];

@@ -41,6 +41,23 @@ pub(crate) fn fast() -> bool {
     }
 }
 
+/// The offsets of a tile's steps, with their largest, which bounds every read the tile makes.
+/// Only [`Steps::new`] builds one, so the bound is always the true largest offset: the vector
+/// tile's reads rest on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Steps<'a> {
+    offsets: &'a [usize],
+    largest: usize,
+}
+
+impl<'a> Steps<'a> {
+    /// `offsets` and their largest (0 when empty).
+    pub(crate) fn new(offsets: &'a [usize]) -> Self {
+        let largest = offsets.iter().copied().max().unwrap_or(0);
+        Self { offsets, largest }
+    }
+}
+
 /// Where a tile reads: row `t`, column `c`, step `k` reads
 /// `input[rows[t] + steps[k] + c·STRIDE]`, against the `VECTORS·16` values
 /// `operand[k·VECTORS·16..]`. In the forward the steps are the kernel's (channel, tap) pairs
@@ -52,11 +69,34 @@ pub(crate) struct TileSource<'a, const ROWS: usize> {
     /// Offset of each tile row's first value.
     pub rows: [usize; ROWS],
     /// Offset of each step from a row's offset.
-    pub steps: &'a [usize],
-    /// The largest of `steps`.
-    pub max_step: usize,
-    /// `steps.len()` groups of `VECTORS·16` values.
+    pub steps: Steps<'a>,
+    /// `steps` groups of `VECTORS·16` values.
     pub operand: &'a [f32],
+}
+
+/// `rows` (`width` rows of equal length, one after another) interleaved into `dst` as
+/// `[length, width]`: the layout in which a tile reads its operand, `width` values per step.
+/// A few columns at a time, so that `dst`'s lines stay in the L1 cache while every row is
+/// written into them (one value per row per step, rows apart, cost 2–3 ms for 512-channel
+/// weights).
+///
+/// # Panics
+///
+/// If `rows` and `dst` differ in length or that length is not a multiple of `width`.
+pub(crate) fn interleave(rows: &[f32], width: usize, dst: &mut [f32]) {
+    const COLUMNS_AT_A_TIME: usize = 64;
+    assert_eq!(rows.len(), dst.len(), "interleave: lengths differ");
+    assert!(rows.len().is_multiple_of(width), "interleave: ragged rows");
+    let length = rows.len() / width;
+    for first in (0..length).step_by(COLUMNS_AT_A_TIME) {
+        let count = COLUMNS_AT_A_TIME.min(length - first);
+        let part = &mut dst[first * width..][..count * width];
+        for (lane, row) in rows.chunks_exact(length).enumerate() {
+            for (values, &v) in part.chunks_exact_mut(width).zip(&row[first..first + count]) {
+                values[lane] = v;
+            }
+        }
+    }
 }
 
 /// Adds to `tile[(t·COLUMNS + c)·W + o]` (`W = VECTORS·16`) the sum over steps `k` of
@@ -64,7 +104,7 @@ pub(crate) struct TileSource<'a, const ROWS: usize> {
 ///
 /// # Panics
 ///
-/// If a read would fall outside `input` or `operand` (`max_step` must bound `steps`), if
+/// If a read would fall outside `input` or `operand`, if
 /// `tile` does not hold `ROWS·COLUMNS·W` values, or if the tile needs more than
 /// [`MAX_ACCUMULATORS`] registers or more than two vectors per position.
 pub(crate) fn accumulate<
@@ -86,18 +126,17 @@ pub(crate) fn accumulate<
         "direct tile: size"
     );
     let last_row = source.rows.iter().copied().max().unwrap_or(0);
-    let reach = last_row + source.max_step + (COLUMNS - 1) * STRIDE;
+    let reach = last_row + source.steps.largest + (COLUMNS - 1) * STRIDE;
     assert!(reach < source.input.len(), "direct tile: input too short");
     assert!(
-        source.operand.len() >= source.steps.len() * VECTORS * LANES,
+        source.operand.len() >= source.steps.offsets.len() * VECTORS * LANES,
         "direct tile: operand too short"
     );
-    debug_assert!(source.steps.iter().all(|&t| t <= source.max_step));
     #[cfg(target_arch = "x86_64")]
     if fast() {
         // SAFETY: the CPU has AVX-512F (checked just above); every input offset is
-        // `rows[t] + steps[k] + c·STRIDE ≤ reach < input.len()` (asserted, with `steps[k] ≤
-        // max_step` a precondition the caller states and debug builds check), every operand
+        // `rows[t] + steps[k] + c·STRIDE ≤ reach < input.len()` (asserted; `Steps` holds the
+        // true largest of its offsets, by construction), every operand
         // offset below `steps.len()·VECTORS·16 ≤ operand.len()` and every tile offset below
         // `tile.len()` (asserted), and the accumulators fit their array (asserted).
         unsafe { accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) };
@@ -117,7 +156,12 @@ pub(crate) fn accumulate_portable<
     tile: &mut [f32],
 ) {
     let width = VECTORS * LANES;
-    for (&step, operand) in source.steps.iter().zip(source.operand.chunks_exact(width)) {
+    for (&step, operand) in source
+        .steps
+        .offsets
+        .iter()
+        .zip(source.operand.chunks_exact(width))
+    {
         for (t, &row) in source.rows.iter().enumerate() {
             for c in 0..COLUMNS {
                 let x = source.input[row + step + c * STRIDE];
@@ -165,7 +209,7 @@ unsafe fn accumulate_avx512<
             }
         }
         let rows = source.rows.map(|r| input.add(r));
-        for &step in source.steps {
+        for &step in source.steps.offsets {
             let mut vectors = [_mm512_setzero_ps(); 2];
             vectors[0] = _mm512_loadu_ps(operand);
             if VECTORS == 2 {

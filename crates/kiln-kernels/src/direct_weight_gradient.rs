@@ -12,16 +12,13 @@
 use rayon::prelude::*;
 
 use crate::direct_conv::padded;
-use crate::direct_tile::{self, LANES, TileSource};
+use crate::direct_tile::{self, LANES, Steps, TileSource};
 use crate::im2col::ConvDims;
 use crate::zeroed::zeroed;
 
 /// Output positions every tile of a piece sums before the next chunk (the chunk of the packed
 /// output gradient, 32–64 KB, stays in the core's cache across the piece's tiles).
 const CHUNK_POSITIONS: usize = 512;
-
-/// Positions packed at a time (their `width` channels: 4–8 KB).
-const PACK_POSITIONS: usize = 64;
 
 /// Whether the direct kernel can compute this weight gradient: output channels a multiple
 /// of 16, the same stride of 1 or 2 both ways, no dilation, kernels 1 or 3 wide.
@@ -121,6 +118,7 @@ fn weight_gradient_with<const ROWS: usize, const COLUMNS: usize, const VECTORS: 
             for first_image in (0..batch).step_by(chunk_images) {
                 let images = chunk_images.min(batch - first_image);
                 let (start, end) = (first_image * positions, (first_image + images) * positions);
+                let chunk_steps = Steps::new(&steps[..end - start]);
                 for (index, tile) in out.chunks_exact_mut(tile_len).enumerate() {
                     let first_pair = (first_tile + index) * ROWS;
                     if first_pair >= pairs {
@@ -133,10 +131,7 @@ fn weight_gradient_with<const ROWS: usize, const COLUMNS: usize, const VECTORS: 
                     let source = TileSource {
                         input: &input,
                         rows,
-                        steps: &steps[..end - start],
-                        // Offsets grow with the position: the chunk's last is its largest (a
-                        // last chunk of fewer images reads no further than its own).
-                        max_step: steps[end - start - 1],
+                        steps: chunk_steps,
                         operand: &block_grad[start * width..end * width],
                     };
                     direct_tile::accumulate::<ROWS, COLUMNS, 1, VECTORS>(&source, tile);
@@ -170,25 +165,14 @@ fn packed_grad(
     width: usize,
 ) -> Vec<f32> {
     let mut packed = zeroed(out_channels * batch * positions);
-    // One (block, image) per piece: `[positions, width]`, contiguous.
+    // One (block, image) per piece: `[positions, width]`, from `width` contiguous planes.
     packed
         .par_chunks_mut(positions * width)
         .enumerate()
-        .for_each(|(piece, images)| {
+        .for_each(|(piece, dst)| {
             let (block, b) = (piece / batch, piece % batch);
             let first = b * out_channels + block * width;
-            // A few positions at a time, so the destination lines stay in the L1 cache
-            // while all `width` channels are written into them.
-            for p0 in (0..positions).step_by(PACK_POSITIONS) {
-                let count = PACK_POSITIONS.min(positions - p0);
-                let part = &mut images[p0 * width..][..count * width];
-                for lane in 0..width {
-                    let src = &grad[(first + lane) * positions + p0..][..count];
-                    for (values, &v) in part.chunks_exact_mut(width).zip(src) {
-                        values[lane] = v;
-                    }
-                }
-            }
+            direct_tile::interleave(&grad[first * positions..][..width * positions], width, dst);
         });
     packed
 }

@@ -349,9 +349,9 @@ pub(crate) fn weight_gradient(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
-    let direct = direct_weight_gradient::applies(dims, out_channels);
-    let pairs = dims.channels * out_channels;
-    if direct && dims.channels >= DIRECT_MIN_CHANNELS && pairs <= DIRECT_FIRST_MAX_PAIRS {
+    let direct =
+        direct_weight_gradient::applies(dims, out_channels) && dims.channels >= DIRECT_MIN_CHANNELS;
+    if direct && dims.channels * out_channels <= DIRECT_FIRST_MAX_PAIRS {
         return direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels);
     }
     if winograd::applies_to_weight_gradient(dims, out_channels) {
@@ -360,7 +360,7 @@ pub(crate) fn weight_gradient(
     if shifted::applies(dims) {
         return shifted::weight_gradient(x, grad, dims, batch, out_channels);
     }
-    if direct && dims.channels >= DIRECT_MIN_CHANNELS {
+    if direct {
         return direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels);
     }
     im2col_weight_gradient(x, grad, dims, batch, out_channels)
