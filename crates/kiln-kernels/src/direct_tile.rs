@@ -29,16 +29,70 @@ pub(crate) const MAX_ACCUMULATORS: usize = 24;
 /// tile row `t` and column `c`.
 pub(crate) type Tile = [f32; TILE_POSITIONS * TILE_CHANNELS];
 
-/// Whether this CPU runs the AVX-512 tile (the only one worth dispatching to).
+/// The instruction set a tile runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Isa {
+    /// Plain Rust (tests; the dispatch never picks the direct paths on it).
+    Portable,
+    /// AVX2 with FMA: the tile in blocks of 6 positions × 16 channels (`direct_tile_avx2`).
+    Avx2,
+    /// AVX-512F: the whole tile in registers.
+    Avx512,
+}
+
+/// The environment variable that caps the instruction set of the direct tiles (`avx2` or
+/// `portable`), like oneDNN's `ONEDNN_MAX_CPU_ISA`: to compare paths on one machine, or to
+/// reproduce what a CPU without AVX-512 computes.
+pub const MAX_ISA_VARIABLE: &str = "KILN_MAX_ISA";
+
+impl Isa {
+    /// The best instruction set this CPU has, capped by [`MAX_ISA_VARIABLE`].
+    pub(crate) fn current() -> Self {
+        static CURRENT: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(|| {
+            let cap = match std::env::var(MAX_ISA_VARIABLE) {
+                Ok(value) => Self::parse(&value).unwrap_or_else(|| {
+                    eprintln!(
+                        "kiln: {MAX_ISA_VARIABLE}={value:?} is not one of avx512, avx2, \
+                         portable; using the CPU's best"
+                    );
+                    Isa::Avx512
+                }),
+                Err(_) => Isa::Avx512,
+            };
+            Self::detected().min(cap)
+        })
+    }
+
+    /// `avx512`, `avx2` or `portable` (any case).
+    fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "avx512" => Some(Isa::Avx512),
+            "avx2" => Some(Isa::Avx2),
+            "portable" => Some(Isa::Portable),
+            _ => None,
+        }
+    }
+
+    /// The best instruction set this CPU has.
+    pub(crate) fn detected() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+}
+
+/// Whether this CPU runs a vector tile (AVX-512, or AVX2 with FMA): the direct paths are
+/// dispatched to only then.
 pub(crate) fn fast() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::current() > Isa::Portable
 }
 
 /// The offsets of a tile's steps, with their largest, which bounds every read the tile makes.
@@ -55,6 +109,11 @@ impl<'a> Steps<'a> {
     pub(crate) fn new(offsets: &'a [usize]) -> Self {
         let largest = offsets.iter().copied().max().unwrap_or(0);
         Self { offsets, largest }
+    }
+
+    /// The offsets, in step order.
+    pub(crate) fn offsets(&self) -> &'a [usize] {
+        self.offsets
     }
 }
 
@@ -116,6 +175,24 @@ pub(crate) fn accumulate<
     source: &TileSource<ROWS>,
     tile: &mut [f32],
 ) {
+    accumulate_on::<ROWS, COLUMNS, STRIDE, VECTORS>(Isa::current(), source, tile);
+}
+
+/// [`accumulate`] on a given instruction set.
+///
+/// # Panics
+///
+/// As [`accumulate`]; also if the CPU lacks `isa`.
+pub(crate) fn accumulate_on<
+    const ROWS: usize,
+    const COLUMNS: usize,
+    const STRIDE: usize,
+    const VECTORS: usize,
+>(
+    isa: Isa,
+    source: &TileSource<ROWS>,
+    tile: &mut [f32],
+) {
     assert!(
         (1..=2).contains(&VECTORS) && ROWS * COLUMNS * VECTORS <= MAX_ACCUMULATORS,
         "direct tile: too many accumulators"
@@ -132,18 +209,24 @@ pub(crate) fn accumulate<
         source.operand.len() >= source.steps.offsets.len() * VECTORS * LANES,
         "direct tile: operand too short"
     );
-    #[cfg(target_arch = "x86_64")]
-    if fast() {
-        // SAFETY: the CPU has AVX-512F (checked just above); every input offset is
-        // `rows[t] + steps[k] + c·STRIDE ≤ reach < input.len()` (asserted; `Steps` holds the
-        // true largest of its offsets, by construction), every operand
+    assert!(isa <= Isa::detected(), "direct tile: the CPU lacks {isa:?}");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512F (asserted); every input offset is
+        // `rows[t] + steps[k] + c·STRIDE ≤ reach < input.len()` (asserted;
+        // `Steps` holds the true largest of its offsets, by construction), every operand
         // offset below `steps.len()·VECTORS·16 ≤ operand.len()` and every tile offset below
         // `tile.len()` (asserted), and the accumulators fit their array (asserted).
-        unsafe { accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) };
-        return;
+        Isa::Avx512 => unsafe { accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2 and FMA (asserted); the bounds as for AVX-512 above.
+        Isa::Avx2 => unsafe { accumulate_avx2::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) },
+        _ => accumulate_portable::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile),
     }
-    accumulate_portable::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile);
 }
+
+#[cfg(target_arch = "x86_64")]
+use crate::direct_tile_avx2::accumulate_avx2;
 
 /// The same sums in plain Rust, in the same order (without fusing, so rounding may differ).
 pub(crate) fn accumulate_portable<

@@ -21,6 +21,7 @@ use burn::tensor::{DType, FloatDType, Shape, TensorData};
 use rayon::prelude::*;
 
 use crate::block_sum::{block, sum_over_blocks};
+use crate::direct_tile::Isa;
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
@@ -62,6 +63,17 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
 /// than im2col with stride 2, at 512 (4×4) 1.2× im2col's, where the weights of one
 /// 32-channel block (295–590 KB) no longer stay near the core.
 const DIRECT_MAX_ROWS: usize = 1152;
+
+/// Whether the forward of `dims` takes the direct kernel where Winograd's F(4×4) did not.
+/// On AVX2 (the tile in register blocks, at half AVX-512's width) F(2×2) stayed ahead at
+/// unit stride from 64 input channels on planes of 8×8 and more: measured with gemm's AVX2
+/// kernels (`KILN_MAX_ISA=avx2`, one thread) 2.35 against 1.98 ms at 64 channels 8×8, while
+/// at 4×4, strided and with fewer channels the direct kernel stayed 0.5–0.9× the other paths.
+fn direct_forward_fits(dims: &ConvDims) -> bool {
+    let wide_unit_stride =
+        dims.geometry.stride == [1, 1] && dims.channels >= 64 && dims.positions() >= 64;
+    dims.rows() <= DIRECT_MAX_ROWS && (Isa::current() == Isa::Avx512 || !wide_unit_stride)
+}
 
 /// Most channel pairs (`Cin·Cout`) for which the direct weight gradient goes ahead of every
 /// other path: measured (one thread, batch 32, 3×3) 0.77–0.81× the best other path's time at
@@ -161,7 +173,7 @@ pub(crate) fn forward_values(
     if winograd4::applies(dims, out_channels) {
         return winograd4::forward(x, weight, dims, batch, out_channels);
     }
-    if direct_conv::applies(dims, out_channels) && dims.rows() <= DIRECT_MAX_ROWS {
+    if direct_conv::applies(dims, out_channels) && direct_forward_fits(dims) {
         return direct_conv::forward(x, weight, dims, batch, out_channels);
     }
     // Where F(4×4) does not apply, the shifted GEMMs were as fast as F(2×2) or faster

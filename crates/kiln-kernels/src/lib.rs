@@ -11,7 +11,7 @@
 //!   large images (≥ 8 input channels, ≥ 256 output positions), `kh` GEMMs over `kw`
 //!   column-shifted copies of the padded image; F(2×2, 3×3) (16 GEMMs, 2.25× fewer) for the
 //!   3×3 outputs from 8×8 those leave and for wide layers' weight gradients; on CPUs with
-//!   AVX-512, direct convolutions (register tiles summed over the zero-padded input in place)
+//!   AVX-512 or AVX2 (capped by [`MAX_ISA_VARIABLE`]), direct convolutions (register tiles summed over the zero-padded input in place)
 //!   for the other forwards of up to 128 channels at 3×3, strides 1 and 2, and for the weight
 //!   gradients of up to 64 × 64 channels and of strided and 1×1 layers; im2col + one GEMM per
 //!   block of images for the rest. Its input gradient is a convolution of the output gradient with the
@@ -57,6 +57,8 @@ mod direct_conv;
 #[cfg(test)]
 mod direct_conv_tests;
 mod direct_tile;
+#[cfg(target_arch = "x86_64")]
+mod direct_tile_avx2;
 mod direct_weight_gradient;
 mod flex_activation;
 mod flex_batch_norm;
@@ -98,6 +100,7 @@ pub use activation_extension::ActivationKernel;
 pub use batch_norm::{NormalizedBatch, batch_norm_inference, batch_norm_train};
 pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
+pub use direct_tile::MAX_ISA_VARIABLE;
 pub use geometry::ConvGeometry;
 pub use norm_extension::BatchNormKernel;
 pub use sgd::sgd_step;
