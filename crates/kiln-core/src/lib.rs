@@ -8,6 +8,8 @@
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
 //! - [`panic`](mod@panic) — the message of a thread's panic, for the error that reports it.
+//! - [`warm_pool`] — keep a compute pool's threads polling for work between a step's parallel
+//!   regions instead of sleeping.
 //! - [`freed_memory`] — keep freed memory in the process, so steps stop faulting pages in.
 //! - [`params`] — small helpers to enumerate a module's parameters.
 //! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
@@ -23,6 +25,7 @@ pub mod params;
 pub mod seed;
 pub mod segment;
 pub mod sync_norm;
+pub mod warm_pool;
 
 pub use classifier::ImageClassifier;
 pub use device_spec::{CUDA_FIX, DeviceSpec, DeviceSpecError, WGPU_FIX};
@@ -39,3 +42,4 @@ pub use segment::{Activation, SegmentId, Segmented, forward_segments};
 pub use sync_norm::{
     StatsReducer, StatsTape, sync_batch_norm, sync_batch_norm_active, update_running_statistics,
 };
+pub use warm_pool::install_warm;

@@ -143,6 +143,7 @@ impl DataParallel {
     {
         self.config.validate()?;
         let threads = resolve_threads(self.config.threads_per_replica, self.devices.len());
+        let warm = kiln_core::warm_pool::pools_may_poll(threads, self.devices.len());
         let results: Vec<Result<R, DdpError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = comms
                 .into_iter()
@@ -169,7 +170,7 @@ impl DataParallel {
                         .name(format!("kiln-replica-{rank}"))
                         .spawn_scoped(scope, move || {
                             let pool = replica_pool(rank, threads)?;
-                            pool.install(|| train(replica))
+                            kiln_core::install_warm(&pool, warm, || train(replica))
                                 .map_err(|source| DdpError::Replica { rank, source })
                         })
                         .expect("failed to spawn a replica thread");

@@ -22,6 +22,8 @@ pub(crate) struct StageStart<'a, B, O, H, J: Objective> {
     pub(crate) index: usize,
     pub(crate) device: Device,
     pub(crate) threads: usize,
+    /// Whether the pool's idle threads poll for work (`kiln_core::warm_pool`).
+    pub(crate) warm: bool,
     pub(crate) build: &'a B,
     pub(crate) optimizer: &'a O,
     pub(crate) objective: &'a J,
@@ -70,7 +72,7 @@ where
                 stage: index,
                 message: err.to_string(),
             })?;
-        pool.install(|| {
+        kiln_core::install_warm(&pool, self.warm, || {
             // Every stage derives the same split from its own build: no full model is
             // built anywhere else.
             let model = (self.build)(&self.device);

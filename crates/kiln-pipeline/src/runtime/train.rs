@@ -242,6 +242,7 @@ impl<O: Objective> Pipeline<O> {
             .config
             .threads_per_stage
             .unwrap_or_else(|| (rayon::current_num_threads() / local.len()).max(1));
+        let warm = kiln_core::warm_pool::pools_may_poll(threads, local.len());
 
         // Messages stay inside a pipeline: one set of channels per data-parallel group.
         let mut peers = Vec::with_capacity(groups);
@@ -317,6 +318,7 @@ impl<O: Objective> Pipeline<O> {
                         index,
                         device: self.config.train_device(&self.devices[thread]),
                         threads,
+                        warm,
                         build: &build,
                         optimizer: &optimizer,
                         objective: &self.objective,
