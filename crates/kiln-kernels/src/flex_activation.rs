@@ -13,7 +13,7 @@ use burn::tensor::{DType, FloatDType, TensorData};
 use rayon::prelude::*;
 
 use crate::simd::simd;
-use crate::zeroed::zeroed;
+use crate::zeroed::collect_pieces;
 
 type FlexTensor = FloatTensor<Flex>;
 
@@ -106,20 +106,11 @@ pub(crate) fn each_in_place(
 
 /// `out[i] = f(a[i], b[i])` into a new buffer, in pieces over the pool.
 fn each_into(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
-    let mut out = zeroed(a.len());
-    out.par_chunks_mut(PIECE)
-        .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
-        .for_each(|(o, (a, b))| {
-            simd(
-                #[inline(always)]
-                || {
-                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                        *o = f(*a, *b);
-                    }
-                },
-            )
-        });
-    out
+    assert_eq!(a.len(), b.len(), "each_into: lengths differ");
+    collect_pieces(a.len(), PIECE, |index| {
+        let start = index * PIECE;
+        a[start..].iter().zip(&b[start..]).map(|(&a, &b)| f(a, b))
+    })
 }
 
 fn from_vec(values: Vec<f32>, like: &FlexTensor) -> FlexTensor {

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::flex_activation::writable;
 use crate::simd::simd;
-use crate::zeroed::zeroed;
+use crate::zeroed::collect_pieces;
 
 type FlexTensor = FloatTensor<Flex>;
 
@@ -51,15 +51,10 @@ fn cast(tensor: FlexTensor, dtype: DType) -> FlexTensor {
     }
 }
 
-/// The planes of channel `channel`, image by image.
+/// Image `image`'s plane of channel `channel`.
 #[inline(always)]
-fn planes(
-    x: &[f32],
-    channels: usize,
-    plane: usize,
-    channel: usize,
-) -> impl Iterator<Item = &[f32]> {
-    x.chunks(plane).skip(channel).step_by(channels)
+fn plane_at(x: &[f32], channels: usize, plane: usize, image: usize, channel: usize) -> &[f32] {
+    &x[(image * channels + channel) * plane..][..plane]
 }
 
 /// Partial sums per plane: a serial f64 sum waits an add's latency for every element, while
@@ -75,8 +70,10 @@ fn sum_in_lanes(values: &[f32], term: impl Fn(f32) -> f64) -> f64 {
     let chunks = values.chunks_exact(LANES);
     let rest = chunks.remainder();
     for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += term(v);
+        // A fixed-size block, so that the lanes become one vector register.
+        let chunk: &[f32; LANES] = chunk.try_into().expect("a whole block");
+        for lane in 0..LANES {
+            lanes[lane] += term(chunk[lane]);
         }
     }
     for (lane, &v) in lanes.iter_mut().zip(rest) {
@@ -93,6 +90,8 @@ fn gradient_sums_in_lanes(xs: &[f32], gs: &[f32], m: f64, s: f64) -> (f64, f64) 
     let (x_chunks, g_chunks) = (xs.chunks_exact(LANES), gs.chunks_exact(LANES));
     let rest = x_chunks.remainder().iter().zip(g_chunks.remainder());
     for (x, g) in x_chunks.zip(g_chunks) {
+        let x: &[f32; LANES] = x.try_into().expect("a whole block");
+        let g: &[f32; LANES] = g.try_into().expect("a whole block");
         for lane in 0..LANES {
             dy[lane] += g[lane] as f64;
             dyx[lane] += g[lane] as f64 * (x[lane] as f64 - m);
@@ -147,13 +146,20 @@ pub(crate) fn forward(
             simd(
                 #[inline(always)]
                 || {
-                    let sum: f64 = planes(x, channels, plane, channel)
-                        .map(|p| sum_in_lanes(p, |v| v as f64))
-                        .sum();
+                    // Index loops, not iterator adapters: an adapter's `fold` is a function
+                    // of its own, compiled without `simd`'s vectors (it ran scalar SSE2).
+                    let mut sum = 0.0;
+                    for image in 0..images {
+                        sum += sum_in_lanes(plane_at(x, channels, plane, image, channel), |v| {
+                            v as f64
+                        });
+                    }
                     let mean = sum / count;
-                    let squares: f64 = planes(x, channels, plane, channel)
-                        .map(|p| sum_in_lanes(p, |v| (v as f64 - mean) * (v as f64 - mean)))
-                        .sum();
+                    let mut squares = 0.0;
+                    for image in 0..images {
+                        let p = plane_at(x, channels, plane, image, channel);
+                        squares += sum_in_lanes(p, |v| (v as f64 - mean) * (v as f64 - mean));
+                    }
                     (mean, squares / count)
                 },
             )
@@ -185,23 +191,13 @@ pub(crate) fn forward(
 /// `(v − mean)·scale + shift` for every element `v` of `x`, with `affine[c] = (mean, scale,
 /// shift)` for channel `c`: one parallel pass over the `plane`-long planes.
 fn normalize(x: &[f32], plane: usize, affine: &[(f32, f32, f32)]) -> Vec<f32> {
-    let mut output = zeroed(x.len());
-    output
-        .par_chunks_mut(plane)
-        .zip(x.par_chunks(plane))
-        .enumerate()
-        .for_each(|(index, (out, input))| {
-            let (mean, scale, shift) = affine[index % affine.len()];
-            simd(
-                #[inline(always)]
-                || {
-                    out.iter_mut()
-                        .zip(input)
-                        .for_each(|(o, &v)| *o = (v - mean) * scale + shift)
-                },
-            );
-        });
-    output
+    let plane = plane.max(1);
+    collect_pieces(x.len(), plane, |index| {
+        let (mean, scale, shift) = affine[index % affine.len()];
+        x[index * plane..][..plane]
+            .iter()
+            .map(move |&v| (v - mean) * scale + shift)
+    })
 }
 
 /// Normalises `x` `[N, C, H, W]` with the given per-channel `mean` and `variance` (inference
@@ -262,12 +258,19 @@ pub(crate) fn backward(
             simd(
                 #[inline(always)]
                 || {
-                    planes(x, channels, plane, channel)
-                        .zip(planes(grad, channels, plane, channel))
-                        .fold((0.0, 0.0), |(dy, dyx), (xs, gs)| {
-                            let (a, b) = gradient_sums_in_lanes(xs, gs, m, s);
-                            (dy + a, dyx + b)
-                        })
+                    // Index loops (see the forward's statistics).
+                    let (mut dy, mut dyx) = (0.0, 0.0);
+                    for image in 0..images {
+                        let (a, b) = gradient_sums_in_lanes(
+                            plane_at(x, channels, plane, image, channel),
+                            plane_at(grad, channels, plane, image, channel),
+                            m,
+                            s,
+                        );
+                        dy += a;
+                        dyx += b;
+                    }
+                    (dy, dyx)
                 },
             )
         })
@@ -307,22 +310,15 @@ pub(crate) fn backward(
         }
         Err(dy) => {
             let grad = values(&dy);
-            let mut input_grad = zeroed(x.len());
-            input_grad
-                .par_chunks_mut(plane)
-                .zip(x.par_chunks(plane).zip(grad.par_chunks(plane)))
-                .enumerate()
-                .for_each(|(index, (dx, (xs, gs)))| {
-                    let k = coefficients[index % channels];
-                    simd(
-                        #[inline(always)]
-                        || {
-                            dx.iter_mut()
-                                .zip(xs.iter().zip(gs))
-                                .for_each(|(d, (&v, &g))| *d = dx_of(g, v, k))
-                        },
-                    );
-                });
+            let plane = plane.max(1);
+            let input_grad = collect_pieces(x.len(), plane, |index| {
+                let k = coefficients[index % channels];
+                let (xs, gs) = (
+                    &x[index * plane..][..plane],
+                    &grad[index * plane..][..plane],
+                );
+                xs.iter().zip(gs).map(move |(&v, &g)| dx_of(g, v, k))
+            });
             tensor(input_grad, shape.clone(), dtype)
         }
     };

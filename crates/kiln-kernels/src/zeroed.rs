@@ -11,6 +11,8 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use crate::simd::simd;
+
 /// Below this many elements a serial fill is cheaper than splitting it.
 const PARALLEL_ZEROS: usize = 1 << 16;
 
@@ -32,9 +34,73 @@ pub(crate) fn zeroed(len: usize) -> Vec<f32> {
     values
 }
 
+/// A vector of `len` values written once each, never zeroed first: piece `index` (values
+/// `index·piece..`, the last piece possibly shorter) takes the values `values(index)` yields,
+/// under the CPU's widest vectors (`simd`), the pieces in parallel.
+///
+/// For outputs every element of which a kernel computes (a normalised activation, a padded
+/// copy): zeroing them first was a whole extra pass over memory, 4–9 % of a width-16 step.
+///
+/// # Panics
+///
+/// If a piece's iterator yields fewer values than the piece holds (extra values are
+/// ignored), or if `piece` is 0.
+pub(crate) fn collect_pieces<I, F>(len: usize, piece: usize, values: F) -> Vec<f32>
+where
+    I: Iterator<Item = f32>,
+    F: Fn(usize) -> I + Sync,
+{
+    assert!(piece > 0, "collect_pieces: empty pieces");
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(piece)
+        .enumerate()
+        .for_each(|(index, slots)| {
+            let written = simd(
+                #[inline(always)]
+                || {
+                    let mut written = 0;
+                    for (slot, value) in slots.iter_mut().zip(values(index)) {
+                        slot.write(value);
+                        written += 1;
+                    }
+                    written
+                },
+            );
+            assert_eq!(written, slots.len(), "collect_pieces: a piece came short");
+        });
+    // SAFETY: the capacity is at least `len`; the pieces cover `[..len]` and each piece's
+    // loop wrote every one of its slots (it wrote `written` slots in order from the first,
+    // and a piece with fewer panicked above, so this line is not reached); `f32` has no
+    // drop glue.
+    unsafe { out.set_len(len) };
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{PARALLEL_ZEROS, zeroed};
+    use super::{PARALLEL_ZEROS, collect_pieces, zeroed};
+
+    #[test]
+    fn collected_pieces_hold_every_value_in_place() {
+        for (len, piece) in [(0, 4), (1, 4), (10, 4), (12, 4), (100_003, 4096)] {
+            drop(std::hint::black_box(vec![1.5f32; len + 64]));
+            let values = crate::test_support::in_pool(2, || {
+                collect_pieces(len, piece, |index| {
+                    (index * piece..).map(|i| i as f32).take(piece)
+                })
+            });
+            let expected: Vec<f32> = (0..len).map(|i| i as f32).collect();
+            assert_eq!(values, expected, "{len} in pieces of {piece}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "came short")]
+    fn a_short_piece_panics_instead_of_leaving_values_unwritten() {
+        // The last piece of 10 in pieces of 4 holds 2; every piece yields only 3.
+        collect_pieces(10, 4, |index| (0..3).map(move |i| (index + i) as f32));
+    }
 
     #[test]
     fn every_element_is_zero_at_every_size() {
