@@ -17,6 +17,7 @@ use burn::tensor::{DType, Shape, TensorData};
 use rayon::prelude::*;
 
 use crate::flex_activation::writable;
+use crate::lane_sums::{self, Term};
 use crate::simd::simd;
 use crate::zeroed::collect_pieces;
 
@@ -56,93 +57,6 @@ fn cast(tensor: FlexTensor, dtype: DType) -> FlexTensor {
 #[inline(always)]
 fn plane_at(x: &[f32], channels: usize, plane: usize, image: usize, channel: usize) -> &[f32] {
     &x[(image * channels + channel) * plane..][..plane]
-}
-
-/// Partial sums per plane: a serial sum waits an add's latency for every element, while
-/// independent partial sums run at the adds' throughput (measured: the statistics were most
-/// of batch norm's time, which was a tenth of a ResNet-18 step).
-const LANES: usize = 16;
-
-/// Values per lane summed in f32 before they join the lane's f64 total. Summing every value
-/// in f64 widened each one (a conversion per element that the compiler left scalar: batch
-/// norm took 12 % of a width-16 step on one thread); 4 values in f32 round by at most a few
-/// units in the 24th bit, then the totals run in f64.
-const F32_RUN: usize = 4;
-
-/// `Σ term(v)` over `values` in [`LANES`] interleaved partial sums (f32 over runs of
-/// [`F32_RUN`] values, then f64), added in a fixed order at the end: the same result on any
-/// CPU and for any thread count.
-#[inline(always)]
-fn sum_in_lanes(values: &[f32], term: impl Fn(f32) -> f32) -> f64 {
-    let (mut totals, mut run) = ([0.0f64; LANES], [0.0f32; LANES]);
-    let chunks = values.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for (index, chunk) in chunks.enumerate() {
-        let chunk: &[f32; LANES] = chunk.try_into().expect("a whole chunk");
-        for lane in 0..LANES {
-            run[lane] += term(chunk[lane]);
-        }
-        if index % F32_RUN == F32_RUN - 1 {
-            flush(&mut totals, &mut run);
-        }
-    }
-    flush(&mut totals, &mut run);
-    for (index, &v) in rest.iter().enumerate() {
-        totals[index] += term(v) as f64;
-    }
-    add_lanes(totals)
-}
-
-/// `(Σ g, Σ g·(x − m)·s)` over a plane of `xs` and its gradient `gs`, in lanes as
-/// [`sum_in_lanes`].
-#[inline(always)]
-fn gradient_sums_in_lanes(xs: &[f32], gs: &[f32], m: f32, s: f64) -> (f64, f64) {
-    let (mut dy, mut dyx) = ([0.0f64; LANES], [0.0f64; LANES]);
-    let (mut run_dy, mut run_dyx) = ([0.0f32; LANES], [0.0f32; LANES]);
-    let (x_chunks, g_chunks) = (xs.chunks_exact(LANES), gs.chunks_exact(LANES));
-    let rest = x_chunks.remainder().iter().zip(g_chunks.remainder());
-    for (index, (x, g)) in x_chunks.zip(g_chunks).enumerate() {
-        let x: &[f32; LANES] = x.try_into().expect("a whole chunk");
-        let g: &[f32; LANES] = g.try_into().expect("a whole chunk");
-        for lane in 0..LANES {
-            run_dy[lane] += g[lane];
-            run_dyx[lane] += g[lane] * (x[lane] - m);
-        }
-        if index % F32_RUN == F32_RUN - 1 {
-            flush(&mut dy, &mut run_dy);
-            flush(&mut dyx, &mut run_dyx);
-        }
-    }
-    flush(&mut dy, &mut run_dy);
-    flush(&mut dyx, &mut run_dyx);
-    for (index, (&v, &g)) in rest.enumerate() {
-        dy[index] += g as f64;
-        dyx[index] += (g * (v - m)) as f64;
-    }
-    (add_lanes(dy), add_lanes(dyx) * s)
-}
-
-/// Adds a run's f32 partial sums to the f64 totals and starts the next run.
-#[inline(always)]
-fn flush(totals: &mut [f64; LANES], run: &mut [f32; LANES]) {
-    for lane in 0..LANES {
-        totals[lane] += run[lane] as f64;
-    }
-    *run = [0.0; LANES];
-}
-
-/// The lanes' total, pairwise.
-#[inline(always)]
-fn add_lanes(l: [f64; LANES]) -> f64 {
-    let mut width = LANES;
-    let mut l = l;
-    while width > 1 {
-        width /= 2;
-        for lane in 0..width {
-            l[lane] += l[lane + width];
-        }
-    }
-    l[0]
 }
 
 /// What [`forward`] computes.
@@ -185,14 +99,17 @@ pub(crate) fn forward(
                     // of its own, compiled without `simd`'s vectors (it ran scalar SSE2).
                     let mut sum = 0.0;
                     for image in 0..images {
-                        sum += sum_in_lanes(plane_at(x, channels, plane, image, channel), |v| v);
+                        sum += lane_sums::sum(
+                            plane_at(x, channels, plane, image, channel),
+                            Term::Value,
+                        );
                     }
                     let mean = sum / count;
                     let centre = mean as f32;
                     let mut squares = 0.0;
                     for image in 0..images {
                         let p = plane_at(x, channels, plane, image, channel);
-                        squares += sum_in_lanes(p, |v| (v - centre) * (v - centre));
+                        squares += lane_sums::sum(p, Term::SquaredFrom(centre));
                     }
                     (mean, squares / count)
                 },
@@ -295,14 +212,13 @@ pub(crate) fn backward(
                     // Index loops (see the forward's statistics).
                     let (mut dy, mut dyx) = (0.0, 0.0);
                     for image in 0..images {
-                        let (a, b) = gradient_sums_in_lanes(
+                        let (a, b) = lane_sums::gradient_sums(
                             plane_at(x, channels, plane, image, channel),
                             plane_at(grad, channels, plane, image, channel),
                             m,
-                            s,
                         );
                         dy += a;
-                        dyx += b;
+                        dyx += b * s;
                     }
                     (dy, dyx)
                 },

@@ -68,6 +68,7 @@ mod gemm;
 mod geometry;
 mod im2col;
 mod im2col_strided;
+mod lane_sums;
 #[cfg(test)]
 mod layer_speed;
 mod norm_extension;
