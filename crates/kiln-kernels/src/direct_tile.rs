@@ -8,9 +8,13 @@
 //! packed per tile (the weights are packed once per convolution), so, unlike im2col + GEMM,
 //! the input is read where it lies instead of being copied twice.
 //!
-//! [`accumulate`] runs the AVX-512 version where the CPU has it ([`fast`]) and otherwise a
-//! portable loop of the same sums (for tests; the dispatch takes this path only where it is
-//! fast).
+//! [`accumulate`] runs the AVX-512 version where the CPU has it, the AVX2 one (register
+//! blocks of the same tile, `direct_tile_avx2`) on CPUs with AVX2 and FMA only ([`Isa`],
+//! capped by [`MAX_ISA_VARIABLE`]), and otherwise a portable loop of the same sums (for
+//! tests; the dispatch takes the direct paths only where [`fast`]).
+
+#[cfg(target_arch = "x86_64")]
+use crate::direct_tile_avx2::accumulate_avx2;
 
 /// Output rows per forward tile.
 pub(crate) const TILE_ROWS: usize = 3;
@@ -224,9 +228,6 @@ pub(crate) fn accumulate_on<
         _ => accumulate_portable::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile),
     }
 }
-
-#[cfg(target_arch = "x86_64")]
-use crate::direct_tile_avx2::accumulate_avx2;
 
 /// The same sums in plain Rust, in the same order (without fusing, so rounding may differ).
 pub(crate) fn accumulate_portable<
