@@ -1,11 +1,12 @@
 //! The direct convolution against im2col (the reference the convolution tests hold to Burn).
 
 use crate::direct_tile::{
-    self, Isa, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
+    self, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
 };
 use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
 use crate::im2col::ConvDims;
+use crate::isa::Isa;
 use crate::test_support::{conv_dims as dims, in_pool, relative_error, values};
 use crate::{direct_conv, direct_weight_gradient};
 

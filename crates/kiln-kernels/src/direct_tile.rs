@@ -10,11 +10,12 @@
 //!
 //! [`accumulate`] runs the AVX-512 version where the CPU has it, the AVX2 one (register
 //! blocks of the same tile, `direct_tile_avx2`) on CPUs with AVX2 and FMA only ([`Isa`],
-//! capped by [`MAX_ISA_VARIABLE`]), and otherwise a portable loop of the same sums (for
+//! capped by `KILN_MAX_ISA`), and otherwise a portable loop of the same sums (for
 //! tests; the dispatch takes the direct paths only where [`fast`]).
 
 #[cfg(target_arch = "x86_64")]
 use crate::direct_tile_avx2::accumulate_avx2;
+use crate::isa::Isa;
 
 /// Output rows per forward tile.
 pub(crate) const TILE_ROWS: usize = 3;
@@ -32,66 +33,6 @@ pub(crate) const MAX_ACCUMULATORS: usize = 24;
 /// A forward tile's sums: `[position][channel]` flattened, position `t·TILE_COLUMNS + c` for
 /// tile row `t` and column `c`.
 pub(crate) type Tile = [f32; TILE_POSITIONS * TILE_CHANNELS];
-
-/// The instruction set a tile runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Isa {
-    /// Plain Rust (tests; the dispatch never picks the direct paths on it).
-    Portable,
-    /// AVX2 with FMA: the tile in blocks of 6 positions × 16 channels (`direct_tile_avx2`).
-    Avx2,
-    /// AVX-512F: the whole tile in registers.
-    Avx512,
-}
-
-/// The environment variable that caps the instruction set of the direct tiles (`avx2` or
-/// `portable`), like oneDNN's `ONEDNN_MAX_CPU_ISA`: to compare paths on one machine, or to
-/// reproduce what a CPU without AVX-512 computes.
-pub const MAX_ISA_VARIABLE: &str = "KILN_MAX_ISA";
-
-impl Isa {
-    /// The best instruction set this CPU has, capped by [`MAX_ISA_VARIABLE`].
-    pub(crate) fn current() -> Self {
-        static CURRENT: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CURRENT.get_or_init(|| {
-            let cap = match std::env::var(MAX_ISA_VARIABLE) {
-                Ok(value) => Self::parse(&value).unwrap_or_else(|| {
-                    eprintln!(
-                        "kiln: {MAX_ISA_VARIABLE}={value:?} is not one of avx512, avx2, \
-                         portable; using the CPU's best"
-                    );
-                    Isa::Avx512
-                }),
-                Err(_) => Isa::Avx512,
-            };
-            Self::detected().min(cap)
-        })
-    }
-
-    /// `avx512`, `avx2` or `portable` (any case).
-    fn parse(value: &str) -> Option<Self> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "avx512" => Some(Isa::Avx512),
-            "avx2" => Some(Isa::Avx2),
-            "portable" => Some(Isa::Portable),
-            _ => None,
-        }
-    }
-
-    /// The best instruction set this CPU has.
-    pub(crate) fn detected() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
-}
 
 /// Whether this CPU runs a vector tile (AVX-512, or AVX2 with FMA): the direct paths are
 /// dispatched to only then.

@@ -92,28 +92,19 @@ pub(crate) fn forward(
     let stats: Vec<(f64, f64)> = (0..channels)
         .into_par_iter()
         .map(|channel| {
-            simd(
-                #[inline(always)]
-                || {
-                    // Index loops, not iterator adapters: an adapter's `fold` is a function
-                    // of its own, compiled without `simd`'s vectors (it ran scalar SSE2).
-                    let mut sum = 0.0;
-                    for image in 0..images {
-                        sum += lane_sums::sum(
-                            plane_at(x, channels, plane, image, channel),
-                            Term::Value,
-                        );
-                    }
-                    let mean = sum / count;
-                    let centre = mean as f32;
-                    let mut squares = 0.0;
-                    for image in 0..images {
-                        let p = plane_at(x, channels, plane, image, channel);
-                        squares += lane_sums::sum(p, Term::SquaredFrom(centre));
-                    }
-                    (mean, squares / count)
-                },
-            )
+            // `lane_sums` picks its own vectors; the loops around it only add per plane.
+            let mut sum = 0.0;
+            for image in 0..images {
+                sum += lane_sums::sum(plane_at(x, channels, plane, image, channel), Term::Value);
+            }
+            let mean = sum / count;
+            let centre = mean as f32;
+            let mut squares = 0.0;
+            for image in 0..images {
+                let p = plane_at(x, channels, plane, image, channel);
+                squares += lane_sums::sum(p, Term::SquaredFrom(centre));
+            }
+            (mean, squares / count)
         })
         .collect();
     // y = (x − μ)·a + β with a = γ/√(σ²+ε).
@@ -206,23 +197,17 @@ pub(crate) fn backward(
         .into_par_iter()
         .map(|channel| {
             let (m, s) = (mean[channel], inv_std[channel]);
-            simd(
-                #[inline(always)]
-                || {
-                    // Index loops (see the forward's statistics).
-                    let (mut dy, mut dyx) = (0.0, 0.0);
-                    for image in 0..images {
-                        let (a, b) = lane_sums::gradient_sums(
-                            plane_at(x, channels, plane, image, channel),
-                            plane_at(grad, channels, plane, image, channel),
-                            m,
-                        );
-                        dy += a;
-                        dyx += b * s;
-                    }
-                    (dy, dyx)
-                },
-            )
+            let (mut dy, mut dyx) = (0.0, 0.0);
+            for image in 0..images {
+                let (a, b) = lane_sums::gradient_sums(
+                    plane_at(x, channels, plane, image, channel),
+                    plane_at(grad, channels, plane, image, channel),
+                    m,
+                );
+                dy += a;
+                dyx += b * s;
+            }
+            (dy, dyx)
         })
         .collect();
     let count = (images * plane) as f64;

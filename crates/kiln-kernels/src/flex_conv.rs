@@ -21,10 +21,10 @@ use burn::tensor::{DType, FloatDType, Shape, TensorData};
 use rayon::prelude::*;
 
 use crate::block_sum::{block, sum_over_blocks};
-use crate::direct_tile::Isa;
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
+use crate::isa::Isa;
 use crate::zeroed::zeroed;
 use crate::{direct_conv, direct_weight_gradient, shifted, winograd, winograd4};
 

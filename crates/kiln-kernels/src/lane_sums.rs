@@ -8,7 +8,7 @@
 //! 4-wide vectors at best, so CPUs with AVX-512 run the same operations, lane for lane and
 //! unfused, as explicit 16-wide vectors: the same bits (tested).
 
-use crate::direct_tile::Isa;
+use crate::isa::Isa;
 
 /// Lanes of partial sums.
 pub(crate) const LANES: usize = 16;

@@ -68,6 +68,7 @@ mod gemm;
 mod geometry;
 mod im2col;
 mod im2col_strided;
+mod isa;
 mod lane_sums;
 #[cfg(test)]
 mod layer_speed;
@@ -101,8 +102,8 @@ pub use activation_extension::ActivationKernel;
 pub use batch_norm::{NormalizedBatch, batch_norm_inference, batch_norm_train};
 pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
-pub use direct_tile::MAX_ISA_VARIABLE;
 pub use geometry::ConvGeometry;
+pub use isa::MAX_ISA_VARIABLE;
 pub use norm_extension::BatchNormKernel;
 pub use sgd::sgd_step;
 pub use sgd_extension::SgdKernel;
