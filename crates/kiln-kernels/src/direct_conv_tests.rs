@@ -12,7 +12,8 @@ use crate::{direct_conv, direct_weight_gradient};
 
 /// (dims, out channels, batch): shapes the direct kernel fits, with partial last pieces
 /// (batches not a multiple of 3, heights not of 3), strides 1 and 2, asymmetric padding,
-/// dilation and 1×1 kernels.
+/// dilation and 1×1 kernels; small planes (whose tiles skip kernel rows over padding) with
+/// partial channel blocks.
 fn cases() -> Vec<(ConvDims, usize, usize)> {
     let g = ConvGeometry::new;
     let same = || g().with_padding([(1, 1), (1, 1)]);
@@ -45,6 +46,16 @@ fn cases() -> Vec<(ConvDims, usize, usize)> {
             dims(8, [5, 8], [5, 3], g().with_padding([(2, 2), (1, 1)])),
             32,
             4,
+        ),
+        (
+            dims(
+                6,
+                [6, 8],
+                [3, 3],
+                g().with_dilation([2, 2]).with_padding([(2, 1), (2, 2)]),
+            ),
+            32,
+            5,
         ),
     ]
 }

@@ -40,9 +40,10 @@ pub(crate) fn fast() -> bool {
     Isa::current() > Isa::Portable
 }
 
-/// The offsets of a tile's steps, with their largest, which bounds every read the tile makes.
-/// Only [`Steps::new`] builds one, so the bound is always the true largest offset: the vector
-/// tile's reads rest on it.
+/// The offsets of a tile's steps, with a bound on them that every read the tile makes rests
+/// on. Only [`Steps::new`] (the true largest offset) and [`Steps::part`] (its whole set's
+/// bound) build one, so the bound is never below an offset: the vector tile's reads rest on
+/// it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Steps<'a> {
     offsets: &'a [usize],
@@ -54,6 +55,19 @@ impl<'a> Steps<'a> {
     pub(crate) fn new(offsets: &'a [usize]) -> Self {
         let largest = offsets.iter().copied().max().unwrap_or(0);
         Self { offsets, largest }
+    }
+
+    /// The steps `range` of these, bounded by the whole set's largest offset (a bound of
+    /// each of theirs, without a scan per tile).
+    ///
+    /// # Panics
+    ///
+    /// If `range` reaches past the steps.
+    pub(crate) fn part(&self, range: std::ops::Range<usize>) -> Self {
+        Self {
+            offsets: &self.offsets[range],
+            largest: self.largest,
+        }
     }
 
     /// The offsets, in step order.
@@ -88,16 +102,37 @@ pub(crate) struct TileSource<'a, const ROWS: usize> {
 ///
 /// If `rows` and `dst` differ in length or that length is not a multiple of `width`.
 pub(crate) fn interleave(rows: &[f32], width: usize, dst: &mut [f32]) {
+    assert!(rows.len().is_multiple_of(width), "interleave: ragged rows");
+    interleave_columns(rows, width, rows.len() / width, |j| j, dst);
+}
+
+/// [`interleave`] taking the rows' columns in `order`: step `j` of `dst` holds column
+/// `order[j]` of every row.
+///
+/// # Panics
+///
+/// If `rows` and `dst` differ in length, that length is not `width·order.len()`, or an entry
+/// of `order` is not a column.
+pub(crate) fn interleave_in_order(rows: &[f32], width: usize, order: &[usize], dst: &mut [f32]) {
+    interleave_columns(rows, width, order.len(), |j| order[j], dst);
+}
+
+fn interleave_columns(
+    rows: &[f32],
+    width: usize,
+    length: usize,
+    column: impl Fn(usize) -> usize,
+    dst: &mut [f32],
+) {
     const COLUMNS_AT_A_TIME: usize = 64;
     assert_eq!(rows.len(), dst.len(), "interleave: lengths differ");
-    assert!(rows.len().is_multiple_of(width), "interleave: ragged rows");
-    let length = rows.len() / width;
+    assert_eq!(rows.len(), width * length, "interleave: ragged rows");
     for first in (0..length).step_by(COLUMNS_AT_A_TIME) {
         let count = COLUMNS_AT_A_TIME.min(length - first);
         let part = &mut dst[first * width..][..count * width];
         for (lane, row) in rows.chunks_exact(length).enumerate() {
-            for (values, &v) in part.chunks_exact_mut(width).zip(&row[first..first + count]) {
-                values[lane] = v;
+            for (j, values) in part.chunks_exact_mut(width).enumerate() {
+                values[lane] = row[column(first + j)];
             }
         }
     }
@@ -159,7 +194,7 @@ pub(crate) fn accumulate_on<
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F (asserted); every input offset is
         // `rows[t] + steps[k] + c·STRIDE ≤ reach < input.len()` (asserted;
-        // `Steps` holds the true largest of its offsets, by construction), every operand
+        // `Steps` holds a bound of its offsets, by construction), every operand
         // offset below `steps.len()·VECTORS·16 ≤ operand.len()` and every tile offset below
         // `tile.len()` (asserted), and the accumulators fit their array (asserted).
         Isa::Avx512 => unsafe { accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) },
