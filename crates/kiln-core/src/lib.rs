@@ -15,6 +15,7 @@
 //! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
 #![warn(missing_docs)]
 
+pub mod backward_from;
 pub mod classifier;
 pub mod device_spec;
 pub mod flat;
@@ -23,10 +24,12 @@ pub mod freed_memory;
 pub mod panic;
 pub mod params;
 pub mod seed;
+mod seed_extension;
 pub mod segment;
 pub mod sync_norm;
 pub mod warm_pool;
 
+pub use backward_from::backward_from;
 pub use classifier::ImageClassifier;
 pub use device_spec::{CUDA_FIX, DeviceSpec, DeviceSpecError, WGPU_FIX};
 pub use flat::{

@@ -63,7 +63,7 @@ impl<const D: usize> Activation for Tensor<D> {
     }
 
     fn backward_with(&self, upstream: Self) -> Gradients {
-        (self.clone() * upstream.detach()).sum().backward()
+        crate::backward_from(self, upstream)
     }
 
     fn size_bytes(&self) -> usize {
