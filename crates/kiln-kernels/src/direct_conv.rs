@@ -21,6 +21,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::direct_conv_rows::{PartOutput, RowOrder, share_rows};
 use crate::direct_tile::{
     self, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
 };
@@ -86,8 +87,8 @@ fn forward_with<const STRIDE: usize>(
     let plane = padded_h * padded_w;
     let image = dims.channels * plane;
     let dilation = dims.geometry.dilation;
-    let order = StepOrder::new(dims, skips_kernel_rows(dims.output[0]));
-    let order_of_rows = order.kernel_rows();
+    let step_order = StepOrder::new(dims, skips_kernel_rows(dims.output[0]));
+    let order_of_rows = step_order.kernel_rows();
     let taps: Vec<usize> = order_of_rows
         .iter()
         .map(|&k| {
@@ -101,15 +102,23 @@ fn forward_with<const STRIDE: usize>(
     let [out_h, out_w] = dims.output;
     let positions = out_h * out_w;
     let mut output = zeroed(batch * out_channels * positions);
+    let blocks = out_channels / TILE_CHANNELS;
+    let pieces = batch.div_ceil(GROUP_IMAGES) * blocks;
+    let across_images = skips_kernel_rows(out_h);
     output
         .par_chunks_mut(GROUP_IMAGES * out_channels * positions)
         .enumerate()
         .for_each(|(group, out)| {
             let first = group * GROUP_IMAGES;
-            let rows = out.len() / (out_channels * positions) * out_h;
-            // Each 32-channel block of the piece's images is its own task: the block's output
-            // is one slice per image.
-            let blocks = out_channels / TILE_CHANNELS;
+            let order = RowOrder {
+                images: out.len() / (out_channels * positions),
+                height: out_h,
+                across_images,
+            };
+            let parts = part_rows(order.rows(), pieces);
+            // Each 32-channel block of the piece's images is its own task, and its tile rows
+            // are shared among `parts`: the block's output is one slice per image, of which
+            // each part holds the rows it writes.
             let mut per_block: Vec<Vec<&mut [f32]>> = (0..blocks).map(|_| Vec::new()).collect();
             for image_out in out.chunks_mut(out_channels * positions) {
                 for (slices, block_out) in per_block
@@ -119,75 +128,74 @@ fn forward_with<const STRIDE: usize>(
                     slices.push(block_out);
                 }
             }
-            per_block
+            let tasks: Vec<_> = per_block
+                .into_iter()
+                .zip(weights.chunks_exact(dims.rows() * TILE_CHANNELS))
+                .flat_map(|(block_out, block_weights)| {
+                    share_rows(block_out, order, &parts, out_w)
+                        .into_iter()
+                        .zip(parts.iter().cloned())
+                        .map(move |(part_out, rows)| (part_out, rows, block_weights))
+                })
+                .collect();
+            tasks
                 .into_par_iter()
-                .zip(weights.par_chunks_exact(dims.rows() * TILE_CHANNELS))
-                .for_each(|(mut block_out, block_weights)| {
+                .for_each(|(mut part_out, rows, block_weights)| {
                     let piece = Piece {
                         input: &input,
                         steps,
-                        order,
+                        step_order,
+                        row_order: order,
                         kernel_rows: &kernel_rows,
                         first_offset: first * image,
                         image,
-                        rows,
                         padded_w,
-                        output: dims.output,
+                        out_w,
                     };
-                    piece.compute::<STRIDE>(block_weights, &mut block_out);
+                    piece.compute::<STRIDE>(block_weights, rows, &mut part_out);
                 });
         });
     output
 }
 
-/// One piece of the forward: the output rows of a few images for one 32-channel block.
+/// One piece of the forward: output rows of a few images for one 32-channel block.
 struct Piece<'a> {
     /// The padded input.
     input: &'a [f32],
-    /// Offset of each step (in `order`) from a window's corner.
+    /// Offset of each step (in `step_order`) from a window's corner.
     steps: Steps<'a>,
     /// The order of the steps.
-    order: StepOrder,
+    step_order: StepOrder,
+    /// The order of the piece's output rows.
+    row_order: RowOrder,
     /// For each output row, the kernel rows that read its input rather than padding.
     kernel_rows: &'a [Range<usize>],
     /// Offset of the piece's first image in `input`.
     first_offset: usize,
     /// Elements of one padded image.
     image: usize,
-    /// Output rows of the piece (its images' heights together).
-    rows: usize,
     /// Padded input width.
     padded_w: usize,
-    /// Output height and width.
-    output: [usize; 2],
+    /// Output width.
+    out_w: usize,
 }
 
 impl Piece<'_> {
-    /// Sums every tile of the piece against `weights` (`[K, 32]`) into `out`, one
-    /// `[32, Ho·Wo]` slice per image.
-    fn compute<const STRIDE: usize>(&self, weights: &[f32], out: &mut [&mut [f32]]) {
-        let [out_h, out_w] = self.output;
-        let positions = out_h * out_w;
-        let rows = self.rows;
-        // Tile row `r` of this piece: (image within the piece, output row). On small planes
-        // a tile takes the same output row of each image, so that at the top and bottom
-        // edges the kernel rows reading only padding drop out of the whole tile (a sixth of
-        // a 4×4 output's multiply-adds); on larger ones three rows of one image, whose
-        // windows overlap, read fewer cache lines (and the edges are a small share).
-        let images = rows / out_h;
-        let across_images = skips_kernel_rows(out_h);
-        let split = |r: usize| {
-            if across_images {
-                (r % images, r / images)
-            } else {
-                (r / out_h, r % out_h)
-            }
-        };
+    /// Sums the tiles of the piece's rows `rows` (in `row_order`, from a multiple of
+    /// [`TILE_ROWS`]) against `weights` (`[K, 32]`) into `out`.
+    fn compute<const STRIDE: usize>(
+        &self,
+        weights: &[f32],
+        rows: Range<usize>,
+        out: &mut PartOutput<'_>,
+    ) {
+        let out_w = self.out_w;
+        let last = self.row_order.rows() - 1;
         let mut tile: Tile = [0.0; TILE_LEN];
-        for r0 in (0..rows).step_by(TILE_ROWS) {
+        for r0 in rows.clone().step_by(TILE_ROWS) {
             // A last tile past the piece's rows repeats its last row, not stored.
             let tile_rows: [(usize, usize); TILE_ROWS] =
-                std::array::from_fn(|t| split((r0 + t).min(rows - 1)));
+                std::array::from_fn(|t| self.row_order.at((r0 + t).min(last)));
             let offsets = tile_rows.map(|(slot, oh)| {
                 self.first_offset + slot * self.image + oh * STRIDE * self.padded_w
             });
@@ -201,7 +209,7 @@ impl Piece<'_> {
                 .unwrap_or(0..0);
             for ow0 in (0..out_w).step_by(TILE_COLUMNS) {
                 tile.fill(0.0);
-                for steps in self.order.runs(kernel_rows.clone()) {
+                for steps in self.step_order.runs(kernel_rows.clone()) {
                     let source = TileSource {
                         input: self.input,
                         rows: offsets.map(|o| o + ow0 * STRIDE),
@@ -212,10 +220,10 @@ impl Piece<'_> {
                         &source, &mut tile,
                     );
                 }
-                for t in 0..TILE_ROWS.min(rows - r0) {
-                    let (slot, oh) = split(r0 + t);
-                    for (o, plane) in out[slot].chunks_exact_mut(positions).enumerate() {
-                        let dst = &mut plane[oh * out_w + ow0..][..TILE_COLUMNS];
+                for (t, &(slot, oh)) in tile_rows.iter().enumerate().take(rows.end - r0) {
+                    let (first, planes) = out.image(slot);
+                    for (o, plane) in planes.iter_mut().enumerate() {
+                        let dst = &mut plane[(oh - first) * out_w + ow0..][..TILE_COLUMNS];
                         for (c, d) in dst.iter_mut().enumerate() {
                             *d = tile[(t * TILE_COLUMNS + c) * TILE_CHANNELS + o];
                         }
@@ -224,6 +232,21 @@ impl Piece<'_> {
             }
         }
     }
+}
+
+/// The rows of a piece of `rows` rows shared out among parallel parts (whole tiles each): one
+/// part where `pieces` (the pieces of the whole convolution) keep every thread of the pool
+/// busy to the end, more where they are few (11 pieces of 3 images for a batch of 32 and one
+/// block: the last left a thread idle for up to a piece).
+fn part_rows(rows: usize, pieces: usize) -> Vec<Range<usize>> {
+    const TASKS_PER_THREAD: usize = 8;
+    let wanted = (TASKS_PER_THREAD * rayon::current_num_threads()).div_ceil(pieces.max(1));
+    let tiles = rows.div_ceil(TILE_ROWS);
+    let per_part = tiles.div_ceil(wanted.clamp(1, tiles.max(1))) * TILE_ROWS;
+    (0..rows)
+        .step_by(per_part.max(TILE_ROWS))
+        .map(|start| start..rows.min(start + per_part))
+        .collect()
 }
 
 /// `x` with its padding written out as zeros: `[N, Cin, Hp, Wp]` and `[Hp, Wp]` (`x` itself
