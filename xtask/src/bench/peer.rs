@@ -8,7 +8,9 @@
 //! Each setting runs in [`ROUNDS`] rounds, kiln then PyTorch in each, and each side reports
 //! its best round (every round a median over its measured steps). On a shared machine the
 //! load changes within minutes: one round each moved a ratio by ±0.2 between runs; the best
-//! of interleaved rounds gives both sides the same chance at a quiet moment.
+//! of interleaved rounds gives both sides the same chance at a quiet moment. With two rounds
+//! single settings still moved by 20–40 % between runs (a step's spread reached 30–50 %
+//! within a round), so three.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,7 +24,7 @@ use crate::report::{Figure, Target};
 const NAME: &str = "peer";
 
 /// Rounds per setting (kiln, then PyTorch, in each): full runs; `--quick` runs one.
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 3;
 
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peer/resnet_peer.py")
