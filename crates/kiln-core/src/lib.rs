@@ -2,6 +2,8 @@
 //!
 //! - [`segment`] — a model seen as an ordered list of segments, on which backward/communication
 //!   overlap and pipeline stages build (and the planned planner will).
+//! - [`backward_from`](mod@backward_from) — backward from an intermediate tensor given its
+//!   gradient (how each segment's backward starts), without passes over the tensor.
 //! - [`forward`] — [`Forward`], what the training steps need of any model (an input, an
 //!   output); every [`ImageClassifier`] ([`classifier`]) is one.
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
