@@ -74,6 +74,7 @@ mod lane_sums;
 #[cfg(test)]
 mod layer_speed;
 mod norm_extension;
+mod scratch;
 mod sgd;
 mod sgd_extension;
 mod sgd_rule;

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use crate::block_sum::{block, sum_over_blocks};
 use crate::gemm::{Matrix, matmul};
 use crate::im2col::ConvDims;
+use crate::scratch::ScratchPair;
 use crate::shifted;
 use crate::winograd_batched;
 use crate::winograd_tiles::{
@@ -231,33 +232,34 @@ pub(crate) fn forward_blocks(
     result
         .par_chunks_mut(size * out_channels * plane)
         .enumerate()
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(v, m), (index, out)| {
-                let images = block(index, size, batch);
-                let tiles = images.len() * tiling.per_image();
-                let channel_stride = channel_distance(points, tiles);
-                v.resize(dims.channels * channel_stride, 0.0);
-                input(images.clone(), v);
-                m.resize(points * out_channels * tiles, 0.0);
-                let lhs = Matrix::row_major(out_channels, dims.channels);
-                let rhs = Matrix {
-                    rows: dims.channels,
-                    cols: tiles,
-                    row_stride: channel_stride,
-                    col_stride: 1,
-                };
-                for point in 0..points {
-                    matmul(
-                        &mut m[point * out_channels * tiles..][..out_channels * tiles],
-                        false,
-                        (&u[point * pairs..][..pairs], lhs),
-                        (&v[point * tiles..], rhs),
-                    );
-                }
-                output(m, images, out);
-            },
-        );
+        .for_each_init(ScratchPair::take, |scratch, (index, out)| {
+            let images = block(index, size, batch);
+            let tiles = images.len() * tiling.per_image();
+            let channel_stride = channel_distance(points, tiles);
+            // Both written in full before they are read: `v` by the input transform
+            // (the GEMMs read no channel's padding), `m` by the GEMMs.
+            let (v, m) = scratch.get(
+                dims.channels * channel_stride,
+                points * out_channels * tiles,
+            );
+            input(images.clone(), v);
+            let lhs = Matrix::row_major(out_channels, dims.channels);
+            let rhs = Matrix {
+                rows: dims.channels,
+                cols: tiles,
+                row_stride: channel_stride,
+                col_stride: 1,
+            };
+            for point in 0..points {
+                matmul(
+                    &mut m[point * out_channels * tiles..][..out_channels * tiles],
+                    false,
+                    (&u[point * pairs..][..pairs], lhs),
+                    (&v[point * tiles..], rhs),
+                );
+            }
+            output(m, images, out);
+        });
     result
 }
 
@@ -278,12 +280,15 @@ pub(crate) fn weight_gradient(
     let total = sum_over_blocks(
         batch.div_ceil(size),
         POINTS * pairs,
-        || (Vec::new(), Vec::new()),
-        |partial, accumulate, index, (v, dm)| {
+        ScratchPair::take,
+        |partial, accumulate, index, scratch| {
             let images = block(index, size, batch);
             let tiles = images.len() * tiling.per_image();
-            v.resize(dims.channels * channel_stride(tiles), 0.0);
-            dm.resize(out_channels * channel_stride(tiles), 0.0);
+            // Both written in full by the transforms before the GEMMs read them.
+            let (v, dm) = scratch.get(
+                dims.channels * channel_stride(tiles),
+                out_channels * channel_stride(tiles),
+            );
             if winograd_batched::applies(tiling, images.len()) {
                 winograd_batched::transform_input(x, dims, tiling, images.clone(), v);
                 winograd_batched::transform_output_grad(
