@@ -87,7 +87,9 @@ fn forward_with<const STRIDE: usize>(
     let plane = padded_h * padded_w;
     let image = dims.channels * plane;
     let dilation = dims.geometry.dilation;
-    let step_order = StepOrder::new(dims, skips_kernel_rows(dims.output[0]));
+    let [out_h, out_w] = dims.output;
+    let across_images = skips_kernel_rows(out_h);
+    let step_order = StepOrder::new(dims, across_images);
     let order_of_rows = step_order.kernel_rows();
     let taps: Vec<usize> = order_of_rows
         .iter()
@@ -99,12 +101,10 @@ fn forward_with<const STRIDE: usize>(
     let steps = Steps::new(&taps);
     let weights = packed_weights(weight, out_channels, &order_of_rows);
     let kernel_rows = kernel_rows_reading_input(dims);
-    let [out_h, out_w] = dims.output;
     let positions = out_h * out_w;
     let mut output = zeroed(batch * out_channels * positions);
     let blocks = out_channels / TILE_CHANNELS;
     let pieces = batch.div_ceil(GROUP_IMAGES) * blocks;
-    let across_images = skips_kernel_rows(out_h);
     output
         .par_chunks_mut(GROUP_IMAGES * out_channels * positions)
         .enumerate()
@@ -208,11 +208,12 @@ impl Piece<'_> {
                 .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
                 .unwrap_or(0..0);
             for ow0 in (0..out_w).step_by(TILE_COLUMNS) {
+                let tile_offsets = offsets.map(|o| o + ow0 * STRIDE);
                 tile.fill(0.0);
                 for steps in self.step_order.runs(kernel_rows.clone()) {
                     let source = TileSource {
                         input: self.input,
-                        rows: offsets.map(|o| o + ow0 * STRIDE),
+                        rows: tile_offsets,
                         steps: self.steps.part(steps.clone()),
                         operand: &weights[steps.start * TILE_CHANNELS..steps.end * TILE_CHANNELS],
                     };

@@ -33,14 +33,16 @@ impl RowOrder {
     /// The output rows of image `slot` among the piece's rows `rows` (one range in either
     /// order).
     fn of_image(&self, slot: usize, rows: &Range<usize>) -> Range<usize> {
-        let (start, end) = if self.across_images {
-            let first = |r: usize| r.saturating_sub(slot).div_ceil(self.images);
-            (first(rows.start), first(rows.end))
-        } else {
-            let first = |r: usize| r.saturating_sub(slot * self.height).min(self.height);
-            (first(rows.start), first(rows.end))
+        // How many of the image's output rows come before piece row `r`.
+        let before = |r: usize| {
+            if self.across_images {
+                r.saturating_sub(slot).div_ceil(self.images)
+            } else {
+                r.saturating_sub(slot * self.height)
+            }
+            .min(self.height)
         };
-        start.min(self.height)..end.min(self.height)
+        before(rows.start)..before(rows.end)
     }
 }
 

@@ -103,7 +103,7 @@ pub(crate) struct TileSource<'a, const ROWS: usize> {
 /// If `rows` and `dst` differ in length or that length is not a multiple of `width`.
 pub(crate) fn interleave(rows: &[f32], width: usize, dst: &mut [f32]) {
     assert!(rows.len().is_multiple_of(width), "interleave: ragged rows");
-    interleave_columns(rows, width, rows.len() / width, |j| j, dst);
+    interleave_columns(rows, width, rows.len() / width, None, dst);
 }
 
 /// [`interleave`] taking the rows' columns in `order`: step `j` of `dst` holds column
@@ -114,14 +114,16 @@ pub(crate) fn interleave(rows: &[f32], width: usize, dst: &mut [f32]) {
 /// If `rows` and `dst` differ in length, that length is not `width·order.len()`, or an entry
 /// of `order` is not a column.
 pub(crate) fn interleave_in_order(rows: &[f32], width: usize, order: &[usize], dst: &mut [f32]) {
-    interleave_columns(rows, width, order.len(), |j| order[j], dst);
+    interleave_columns(rows, width, order.len(), Some(order), dst);
 }
 
+/// Steps `0..length` of `width` rows into `dst`, step `j` from column `order[j]` (column `j`
+/// without an order).
 fn interleave_columns(
     rows: &[f32],
     width: usize,
     length: usize,
-    column: impl Fn(usize) -> usize,
+    order: Option<&[usize]>,
     dst: &mut [f32],
 ) {
     const COLUMNS_AT_A_TIME: usize = 64;
@@ -131,8 +133,18 @@ fn interleave_columns(
         let count = COLUMNS_AT_A_TIME.min(length - first);
         let part = &mut dst[first * width..][..count * width];
         for (lane, row) in rows.chunks_exact(length).enumerate() {
-            for (j, values) in part.chunks_exact_mut(width).enumerate() {
-                values[lane] = row[column(first + j)];
+            let steps = part.chunks_exact_mut(width);
+            match order {
+                None => {
+                    for (values, &v) in steps.zip(&row[first..first + count]) {
+                        values[lane] = v;
+                    }
+                }
+                Some(order) => {
+                    for (values, &column) in steps.zip(&order[first..first + count]) {
+                        values[lane] = row[column];
+                    }
+                }
             }
         }
     }

@@ -30,6 +30,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     let mut out = Output::default();
     let devices = devices(&args.devices)?;
     let (warmup, measured) = steps(args.quick);
+    let rounds = if args.quick { 1 } else { ROUNDS };
     let width = 16;
     let mut series = Vec::new();
     for replicas in [1, 2] {
@@ -40,7 +41,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         let counts = thread_counts((cores() / replicas).max(1));
         // Per thread count: the best round's images/s and its step spread.
         let mut best = vec![(0.0f64, 0.0f64); counts.len()];
-        for _ in 0..if args.quick { 1 } else { ROUNDS } {
+        for _ in 0..rounds {
             for (slot, &threads) in best.iter_mut().zip(&counts) {
                 let setting = Setting {
                     width,
