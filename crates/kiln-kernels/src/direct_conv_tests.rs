@@ -1,7 +1,8 @@
 //! The direct convolution against im2col (the reference the convolution tests hold to Burn).
 
 use crate::direct_tile::{
-    self, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile, TileSource,
+    self, ColumnSkip, Steps, TILE_CHANNELS, TILE_COLUMNS, TILE_POSITIONS, TILE_ROWS, Tile,
+    TileSource,
 };
 use crate::flex_conv::{im2col_forward, im2col_weight_gradient};
 use crate::geometry::ConvGeometry;
@@ -208,6 +209,7 @@ fn the_vector_tile_equals_the_portable_one() {
         rows: [0, 1000, 2500],
         steps: Steps::new(&taps),
         operand: &weights,
+        skip: ColumnSkip::NONE,
     };
     // Sums are added to what the tile holds.
     let start: Tile = std::array::from_fn(|i| (i % 3) as f32);
@@ -227,6 +229,7 @@ fn the_vector_tile_equals_the_portable_one() {
         rows,
         steps: Steps::new(&taps),
         operand: &weights[..taps.len() * 16],
+        skip: ColumnSkip::NONE,
     };
     let (mut fast, mut portable) = (vec![1.0; 24 * 16], vec![1.0; 24 * 16]);
     direct_tile::accumulate::<8, 3, 1, 1>(&narrow, &mut fast);
@@ -262,6 +265,7 @@ fn every_instruction_set_computes_the_same_tile() {
             rows: std::array::from_fn(|r| r * 290 + r % 2),
             steps: Steps::new(taps),
             operand: &operand[..taps.len() * V * 16],
+            skip: ColumnSkip::NONE,
         };
         let mut tile: Vec<f32> = (0..R * C * V * 16).map(|i| (i % 5) as f32).collect();
         direct_tile::accumulate_on::<R, C, 2, V>(isa, &source, &mut tile);
@@ -302,6 +306,68 @@ fn every_instruction_set_computes_the_same_tile() {
     }
 }
 
+/// The taps a [`ColumnSkip`] names are left out: the input they would read holds NaN, and the
+/// sums equal those over an input with zeros there. The AVX2 tile computes them (products of
+/// the zeros padding holds: the same sums).
+#[test]
+fn skipped_columns_read_nothing() {
+    let isas: Vec<Isa> = [Isa::Portable, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|isa| *isa <= Isa::detected())
+        .collect();
+    // Threes of steps 40 apart: a three's skipped reads (its first step's column 0, its
+    // third's column 3) are read by no other step or column.
+    let taps: Vec<usize> = (0..12)
+        .flat_map(|g| [40 * g, 40 * g + 10, 40 * g + 20])
+        .collect();
+    let rows = [0, 1000, 2500];
+    let weights: Vec<f32> = (0..taps.len() * TILE_CHANNELS)
+        .map(|i| ((i * 5) % 9) as f32 - 4.0)
+        .collect();
+    let clean: Vec<f32> = (0..3000).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    for skip in
+        [(true, false), (false, true), (true, true)].map(|(first, last)| ColumnSkip { first, last })
+    {
+        let (mut zeros, mut poisoned) = (clean.clone(), clean.clone());
+        for row in rows {
+            for (k, &tap) in taps.iter().enumerate() {
+                let column = match k % 3 {
+                    0 if skip.first => 0,
+                    2 if skip.last => TILE_COLUMNS - 1,
+                    _ => continue,
+                };
+                zeros[row + tap + column] = 0.0;
+                poisoned[row + tap + column] = f32::NAN;
+            }
+        }
+        let sums = |isa: Isa, input: &[f32], skip: ColumnSkip| {
+            let source = TileSource {
+                input,
+                rows,
+                steps: Steps::new(&taps),
+                operand: &weights,
+                skip,
+            };
+            let mut tile: Tile = [1.0; TILE_POSITIONS * TILE_CHANNELS];
+            direct_tile::accumulate_on::<TILE_ROWS, TILE_COLUMNS, 1, 2>(isa, &source, &mut tile);
+            tile
+        };
+        let expected = sums(Isa::Portable, &zeros, ColumnSkip::NONE);
+        for &isa in &isas {
+            assert_eq!(sums(isa, &zeros, skip), expected, "{isa:?} {skip:?}");
+            if isa != Isa::Avx2 {
+                assert_eq!(sums(isa, &poisoned, skip), expected, "{isa:?} {skip:?}");
+            }
+            // Control: without the skip, the poisoned reads reach the sums.
+            assert!(
+                sums(isa, &poisoned, ColumnSkip::NONE)
+                    .iter()
+                    .any(|v| v.is_nan())
+            );
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "input too short")]
 fn a_tile_reaching_past_its_input_panics() {
@@ -312,6 +378,7 @@ fn a_tile_reaching_past_its_input_panics() {
         rows: [0, 0, 95],
         steps: Steps::new(&[2]),
         operand: &weights,
+        skip: ColumnSkip::NONE,
     };
     let mut tile: Tile = [0.0; TILE_POSITIONS * TILE_CHANNELS];
     direct_tile::accumulate::<TILE_ROWS, TILE_COLUMNS, 1, 2>(&source, &mut tile);
@@ -344,6 +411,11 @@ fn the_dispatch_takes_the_direct_paths_where_they_were_fastest() {
     assert_eq!(run(32, 16, g.with_stride([2, 2])), (fast, fast));
     // 128 channels on 16×16: F(4×4) forward, F(2×2) weight gradient.
     assert_eq!(run(128, 16, g), (false, false));
+    // 512 channels on 4×4 (past the kernel volume for larger planes): the forward direct
+    // with AVX-512 (it skips the taps over padding on every edge).
+    assert_eq!(run(512, 4, g).0, avx512);
+    // 256 channels on 8×8: F(2×2) forward.
+    assert!(!run(256, 8, g).0);
 }
 
 /// Batches of 1 to 5 images on planes from 4×4 to 20×20, strides 1 and 2, 3×3 and 1×1

@@ -76,6 +76,43 @@ impl<'a> Steps<'a> {
     }
 }
 
+/// Taps a tile leaves out because they read padding (zeros, which add nothing), for steps
+/// that come in threes, one per kernel column of a 3-wide kernel (kernel column innermost):
+/// with `first`, the tile's first column at the first step of each three (kernel column 0,
+/// left of a tile at the left edge); with `last`, its last column at the third (kernel
+/// column 2, right of a tile at the right edge). oneDNN's direct kernels leave these out too:
+/// at a 4×4 output with padding 1 they are a sixth of the multiply-adds.
+///
+/// Leaving out a product of a zero changes no sum (a fused multiply-add of `+0·w` returns
+/// the sum as it was, for finite `w`), so the AVX2 tile, which computes them, gives the same
+/// results.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ColumnSkip {
+    /// Leave out the first column at steps `k ≡ 0 (mod 3)`.
+    pub first: bool,
+    /// Leave out the last column at steps `k ≡ 2 (mod 3)`.
+    pub last: bool,
+}
+
+impl ColumnSkip {
+    /// Every tap computed.
+    pub(crate) const NONE: Self = Self {
+        first: false,
+        last: false,
+    };
+
+    /// Whether any tap is left out.
+    pub(crate) fn any(self) -> bool {
+        self.first || self.last
+    }
+
+    /// Whether column `column` of `columns` is computed at step `k`.
+    fn computes(self, k: usize, column: usize, columns: usize) -> bool {
+        !(self.first && k.is_multiple_of(3) && column == 0
+            || self.last && k % 3 == 2 && column + 1 == columns)
+    }
+}
+
 /// Where a tile reads: row `t`, column `c`, step `k` reads
 /// `input[rows[t] + steps[k] + c·STRIDE]`, against the `VECTORS·16` values
 /// `operand[k·VECTORS·16..]`. In the forward the steps are the kernel's (channel, tap) pairs
@@ -90,6 +127,8 @@ pub(crate) struct TileSource<'a, const ROWS: usize> {
     pub steps: Steps<'a>,
     /// `steps` groups of `VECTORS·16` values.
     pub operand: &'a [f32],
+    /// Taps left out as reading padding.
+    pub skip: ColumnSkip,
 }
 
 /// `rows` (`width` rows of equal length, one after another) interleaved into `dst` as
@@ -156,8 +195,9 @@ fn interleave_columns(
 /// # Panics
 ///
 /// If a read would fall outside `input` or `operand`, if
-/// `tile` does not hold `ROWS·COLUMNS·W` values, or if the tile needs more than
-/// [`MAX_ACCUMULATORS`] registers or more than two vectors per position.
+/// `tile` does not hold `ROWS·COLUMNS·W` values, if the tile needs more than
+/// [`MAX_ACCUMULATORS`] registers or more than two vectors per position, or if the source
+/// skips columns and its steps are not in threes.
 pub(crate) fn accumulate<
     const ROWS: usize,
     const COLUMNS: usize,
@@ -202,6 +242,10 @@ pub(crate) fn accumulate_on<
         "direct tile: operand too short"
     );
     assert!(isa <= Isa::detected(), "direct tile: the CPU lacks {isa:?}");
+    assert!(
+        !source.skip.any() || source.steps.offsets.len().is_multiple_of(3),
+        "direct tile: column skips need steps in threes"
+    );
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512F (asserted); every input offset is
@@ -209,15 +253,32 @@ pub(crate) fn accumulate_on<
         // `Steps` holds a bound of its offsets, by construction), every operand
         // offset below `steps.len()·VECTORS·16 ≤ operand.len()` and every tile offset below
         // `tile.len()` (asserted), and the accumulators fit their array (asserted).
-        Isa::Avx512 => unsafe { accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) },
+        Isa::Avx512 => unsafe {
+            match (source.skip.first, source.skip.last) {
+                (false, false) => {
+                    accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS, false, false>(source, tile)
+                }
+                (true, false) => {
+                    accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS, true, false>(source, tile)
+                }
+                (false, true) => {
+                    accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS, false, true>(source, tile)
+                }
+                (true, true) => {
+                    accumulate_avx512::<ROWS, COLUMNS, STRIDE, VECTORS, true, true>(source, tile)
+                }
+            }
+        },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX2 and FMA (asserted); the bounds as for AVX-512 above.
+        // SAFETY: the CPU has AVX2 and FMA (asserted); the bounds as for AVX-512 above. It
+        // computes the skipped taps (products of padding zeros: the same sums).
         Isa::Avx2 => unsafe { accumulate_avx2::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile) },
         _ => accumulate_portable::<ROWS, COLUMNS, STRIDE, VECTORS>(source, tile),
     }
 }
 
-/// The same sums in plain Rust, in the same order (without fusing, so rounding may differ).
+/// The same sums in plain Rust, in the same order (without fusing, so rounding may differ),
+/// leaving out the same taps.
 pub(crate) fn accumulate_portable<
     const ROWS: usize,
     const COLUMNS: usize,
@@ -228,14 +289,15 @@ pub(crate) fn accumulate_portable<
     tile: &mut [f32],
 ) {
     let width = VECTORS * LANES;
-    for (&step, operand) in source
+    for (k, (&step, operand)) in source
         .steps
         .offsets
         .iter()
         .zip(source.operand.chunks_exact(width))
+        .enumerate()
     {
         for (t, &row) in source.rows.iter().enumerate() {
-            for c in 0..COLUMNS {
+            for c in (0..COLUMNS).filter(|&c| source.skip.computes(k, c, COLUMNS)) {
                 let x = source.input[row + step + c * STRIDE];
                 let sums = &mut tile[(t * COLUMNS + c) * width..][..width];
                 for (sum, &w) in sums.iter_mut().zip(operand) {
@@ -251,7 +313,8 @@ pub(crate) fn accumulate_portable<
 /// The CPU must have AVX-512F; every offset `rows[t] + steps[k] + c·STRIDE` must lie inside
 /// `input`, every `k·VECTORS·16 + VECTORS·16 − 1` inside `operand`; `tile` must hold
 /// `ROWS·COLUMNS·VECTORS·16` values, with `ROWS·COLUMNS·VECTORS ≤ MAX_ACCUMULATORS` and
-/// `VECTORS ≤ 2`.
+/// `VECTORS ≤ 2`. `SKIP_FIRST` and `SKIP_LAST` are `source.skip`'s (the steps in threes when
+/// either is set; a remainder is left out).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn accumulate_avx512<
@@ -259,6 +322,8 @@ unsafe fn accumulate_avx512<
     const COLUMNS: usize,
     const STRIDE: usize,
     const VECTORS: usize,
+    const SKIP_FIRST: bool,
+    const SKIP_LAST: bool,
 >(
     source: &TileSource<ROWS>,
     tile: &mut [f32],
@@ -281,23 +346,39 @@ unsafe fn accumulate_avx512<
             }
         }
         let rows = source.rows.map(|r| input.add(r));
-        for &step in source.steps.offsets {
-            let mut vectors = [_mm512_setzero_ps(); 2];
-            vectors[0] = _mm512_loadu_ps(operand);
-            if VECTORS == 2 {
-                vectors[1] = _mm512_loadu_ps(operand.add(LANES));
-            }
-            for (t, row) in rows.iter().enumerate() {
-                let base = row.add(step);
-                for c in 0..COLUMNS {
-                    let x = _mm512_set1_ps(*base.add(c * STRIDE));
-                    let sum = &mut sums[t * COLUMNS + c];
-                    for v in 0..VECTORS {
-                        sum[v] = _mm512_fmadd_ps(x, vectors[v], sum[v]);
+        // One step over tile columns `$first..$end` (constants, so that the loops unroll and
+        // the sums stay in registers).
+        macro_rules! step {
+            ($step:expr, $first:expr, $end:expr) => {{
+                let mut vectors = [_mm512_setzero_ps(); 2];
+                vectors[0] = _mm512_loadu_ps(operand);
+                if VECTORS == 2 {
+                    vectors[1] = _mm512_loadu_ps(operand.add(LANES));
+                }
+                for (t, row) in rows.iter().enumerate() {
+                    let base = row.add($step);
+                    for c in $first..$end {
+                        let x = _mm512_set1_ps(*base.add(c * STRIDE));
+                        let sum = &mut sums[t * COLUMNS + c];
+                        for v in 0..VECTORS {
+                            sum[v] = _mm512_fmadd_ps(x, vectors[v], sum[v]);
+                        }
                     }
                 }
+                operand = operand.add(width);
+            }};
+        }
+        if SKIP_FIRST || SKIP_LAST {
+            let (threes, _) = source.steps.offsets.as_chunks::<3>();
+            for &[left, middle, right] in threes {
+                step!(left, usize::from(SKIP_FIRST), COLUMNS);
+                step!(middle, 0, COLUMNS);
+                step!(right, 0, COLUMNS - usize::from(SKIP_LAST));
             }
-            operand = operand.add(width);
+        } else {
+            for &step in source.steps.offsets {
+                step!(step, 0, COLUMNS);
+            }
         }
         for (p, sum) in sums.iter().enumerate().take(ROWS * COLUMNS) {
             for (v, lane) in sum.iter().enumerate().take(VECTORS) {

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use crate::direct_conv::padded;
-use crate::direct_tile::{self, LANES, Steps, TileSource};
+use crate::direct_tile::{self, ColumnSkip, LANES, Steps, TileSource};
 use crate::im2col::ConvDims;
 use crate::zeroed::zeroed;
 
@@ -133,6 +133,7 @@ fn weight_gradient_with<const ROWS: usize, const COLUMNS: usize, const VECTORS: 
                         rows,
                         steps: chunk_steps,
                         operand: &block_grad[start * width..end * width],
+                        skip: ColumnSkip::NONE,
                     };
                     direct_tile::accumulate::<ROWS, COLUMNS, 1, VECTORS>(&source, tile);
                 }

@@ -59,20 +59,29 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
 
 /// Largest kernel volume (`Cin·kh·kw`) for which the direct kernel is taken where Winograd's
 /// F(4×4) is not: measured (one thread, batch 32) 0.64–0.72× the best other path's time at
-/// 32–128 channels (3×3 on 16×16 to 4×4); at 256 channels even with F(2×2) (8×8) and slower
-/// than im2col with stride 2, at 512 (4×4) 1.2× im2col's, where the weights of one
-/// 32-channel block (295–590 KB) no longer stay near the core.
+/// 32–128 channels (3×3 on 16×16 to 4×4); at 256 channels 8×8 F(2×2) stays ahead (17.4
+/// against 19.6 ms on a Zen 4 EPYC, with the edge taps skipped), and with stride 2 im2col.
 const DIRECT_MAX_ROWS: usize = 1152;
 
+/// Largest output plane on which the direct kernel is taken at any kernel volume (with
+/// AVX-512): on 4×4 it leaves out the taps over padding on all four edges (31 % of a 3×3
+/// kernel's multiply-adds), which no GEMM formulation does. 512 channels 4×4, one thread,
+/// batch 32, Zen 4 EPYC: 20.4 ms against F(2×2) 23.8 and im2col 24.2 (before the left and
+/// right edges were skipped, 25.2 against 24.8).
+const DIRECT_ANY_ROWS_MAX_POSITIONS: usize = 16;
+
 /// Whether the forward of `dims` takes the direct kernel where Winograd's F(4×4) did not.
-/// On AVX2 (the tile in register blocks, at half AVX-512's width) F(2×2) stayed ahead at
-/// unit stride from 64 input channels on planes of 8×8 and more: measured with gemm's AVX2
-/// kernels (`KILN_MAX_ISA=avx2`, one thread) 2.35 against 1.98 ms at 64 channels 8×8, while
-/// at 4×4, strided and with fewer channels the direct kernel stayed 0.5–0.9× the other paths.
+/// On AVX2 (the tile in register blocks, at half AVX-512's width, computing the skipped
+/// taps) F(2×2) stayed ahead at unit stride from 64 input channels on planes of 8×8 and
+/// more: measured with gemm's AVX2 kernels (`KILN_MAX_ISA=avx2`, one thread) 2.35 against
+/// 1.98 ms at 64 channels 8×8, while at 4×4, strided and with fewer channels the direct
+/// kernel stayed 0.5–0.9× the other paths.
 fn direct_forward_fits(dims: &ConvDims) -> bool {
+    let avx512 = Isa::current() == Isa::Avx512;
     let wide_unit_stride =
         dims.geometry.stride == [1, 1] && dims.channels >= 64 && dims.positions() >= 64;
-    dims.rows() <= DIRECT_MAX_ROWS && (Isa::current() == Isa::Avx512 || !wide_unit_stride)
+    let small_plane = avx512 && dims.positions() <= DIRECT_ANY_ROWS_MAX_POSITIONS;
+    (dims.rows() <= DIRECT_MAX_ROWS || small_plane) && (avx512 || !wide_unit_stride)
 }
 
 /// Most channel pairs (`Cin·Cout`) for which the direct weight gradient goes ahead of every
