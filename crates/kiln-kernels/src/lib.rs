@@ -54,6 +54,7 @@ mod conv_extension;
 #[cfg(test)]
 mod conv_tests;
 mod direct_conv;
+mod direct_conv_edges;
 mod direct_conv_rows;
 #[cfg(test)]
 mod direct_conv_tests;
