@@ -8,9 +8,18 @@ use std::process::Command;
 
 /// The features of `package` that cargo resolves for the workspace (default features).
 fn resolved_features(package: &str) -> String {
+    resolved_features_with(package, None)
+}
+
+/// The features of `package` that cargo resolves for the workspace with kiln's `features`.
+fn resolved_features_with(package: &str, features: Option<&str>) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut args = vec!["tree", "--offline", "-e", "features", "-i", package];
+    if let Some(features) = features {
+        args.extend(["--features", features]);
+    }
     let output = Command::new(cargo)
-        .args(["tree", "--offline", "-e", "features", "-i", package])
+        .args(&args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo runs");
@@ -37,4 +46,27 @@ fn flex_runs_multi_threaded_with_simd() {
         gemm.contains("gemm feature \"rayon\""),
         "gemm runs single-threaded:\n{gemm}"
     );
+}
+
+/// What Burn's defaults give its GPU backends, under kiln's `cuda` and `wgpu` features: kernel
+/// selection by measurement (`autotune`), op fusion (`fusion`) and the on-disk cache of compiled
+/// kernels and autotune results (`persistence`: without it every process compiles and tunes
+/// everything again, 1-2 minutes on an H200 before the first step).
+#[test]
+fn gpu_backends_tune_fuse_and_cache() {
+    for features in ["cuda", "wgpu"] {
+        let cubecl = resolved_features_with("burn-cubecl", Some(features));
+        for feature in ["autotune", "fusion", "persistence"] {
+            assert!(
+                cubecl.contains(&format!("burn-cubecl feature \"{feature}\"")),
+                "--features {features}: burn-cubecl lost `{feature}`; name it in kiln-core's \
+                 `{features}` feature:\n{cubecl}"
+            );
+        }
+        let runtime = resolved_features_with("cubecl-runtime", Some(features));
+        assert!(
+            runtime.contains("cubecl-runtime feature \"persistence\""),
+            "--features {features}: cubecl-runtime has no on-disk cache:\n{runtime}"
+        );
+    }
 }

@@ -257,6 +257,26 @@ pub struct Args {
     /// sizes, device, threads and kiln version match.
     #[arg(long)]
     pub profile_cache: Option<std::path::PathBuf>,
+    /// Profile the model and predict the step even when nothing is left to choose (data
+    /// parallel on identical devices with equal batches, where the planner skips profiling).
+    #[arg(long)]
+    pub predict: bool,
+    /// GPU backends: where compiled kernels and autotune results are kept between processes
+    /// (a directory, `default`: cubecl's — `target/environment` inside a cargo workspace, else
+    /// ~/.cache/cubecl — or `off`). Processes may share one.
+    #[arg(long, global = true, default_value = "default")]
+    pub gpu_cache: kiln::core::gpu_runtime::GpuCache,
+    /// GPU backends: how hard autotune searches on a kernel's first use (minimal, balanced,
+    /// extensive, full; default cubecl's: balanced). Lower levels start faster.
+    #[arg(long, global = true)]
+    pub autotune_level: Option<kiln::core::gpu_runtime::AutotuneLevel>,
+    /// GPU backends: append every kernel's name and GPU time to FILE (kernels timed one by
+    /// one: a slower run); a line `kiln: steady state` marks the end of --profile-warmup steps.
+    #[arg(long)]
+    pub profile_kernels: Option<std::path::PathBuf>,
+    /// With --profile-kernels: steps before the steady-state mark.
+    #[arg(long, default_value_t = 3)]
+    pub profile_warmup: usize,
     /// Write the chosen plan as JSON here (load it back with --plan FILE.json).
     #[arg(long)]
     pub save_plan: Option<std::path::PathBuf>,
@@ -362,9 +382,16 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
             || args.device_memory.is_some()
             || args.profile_cache.is_some()
             || args.save_plan.is_some()
+            || args.predict
         {
             return Err(
-                "--pipeline fixes the plan by hand: --plan, --global-batch, --device-memory, --profile-cache and --save-plan are the planner's (use --plan pp=N instead of --pipeline N to plan)"
+                "--pipeline fixes the plan by hand: --plan, --global-batch, --device-memory, --profile-cache, --save-plan and --predict are the planner's (use --plan pp=N instead of --pipeline N to plan)"
+                    .into(),
+            );
+        }
+        if args.profile_kernels.is_some() {
+            return Err(
+                "--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet"
                     .into(),
             );
         }

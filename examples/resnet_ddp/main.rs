@@ -11,6 +11,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Instant;
 
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
@@ -31,6 +32,7 @@ mod pipeline;
 mod planning;
 mod replica;
 mod selftest;
+mod startup;
 
 use replica::{announce, run_mpi, train_replica};
 
@@ -42,12 +44,18 @@ static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllo
 use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
 
 fn main() -> ExitCode {
+    let process_start = Instant::now();
     // Every step frees and allocates the same large buffers: keeping them in the process
     // spares the page faults of taking them back from the system each step.
     if let Err(err) = kiln::core::retain_freed_memory() {
         eprintln!("note: {err}");
     }
     let args = Args::parse();
+    // Before any GPU is touched (the selftest's and the doctor's too).
+    if let Err(err) = startup::gpu_runtime(&args).apply() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
     let passed = match args.command {
         Some(args::Command::Doctor) => Some(doctor::run(&args)),
         Some(args::Command::Selftest) => Some(selftest::run(&args.devices)),
@@ -60,7 +68,7 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         };
     }
-    match run(args) {
+    match run(args, process_start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
@@ -95,7 +103,7 @@ struct Outcome {
     fingerprint: u64,
 }
 
-fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Error>> {
     let specs = DeviceSpec::parse_list(&args.devices)?;
     let devices = specs
         .iter()
@@ -178,10 +186,19 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     // MPI runs are data parallel over every process's devices (planned per process, they
     // would be planned apart); the in-process run asks the planner.
+    let planning_start = Instant::now();
     let plan = match args.comm {
-        CommArg::Local => Some(planning::choose(&args, &setup, &specs, &devices)?),
+        CommArg::Local => planning::choose(&args, &setup, &specs, &devices)?,
         CommArg::Mpi => None,
     };
+    if plan.is_none()
+        && args.comm == CommArg::Local
+        && let Some(global) = args.global_batch
+    {
+        // Nothing was left to plan: equal shares of the global batch.
+        setup.planned_batches = Some(vec![global / devices.len(); devices.len()]);
+    }
+    let planning = planning_start.elapsed();
     checkpoints::record_config(&args, plan.as_ref())?;
     let mut predicted_step = None;
     if let Some(plan) = &plan {
@@ -334,25 +351,25 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             stopped.step
         );
     }
+    let batches = match plan.as_ref().map(|p| &p.layout) {
+        Some(Layout::DataParallel { batches }) => batches.clone(),
+        _ => vec![args.batch_size; outcomes.iter().map(|o| o.rank + 1).max().unwrap_or(0)],
+    };
+    // The median step after the first (which warms up), of the slowest replica: steps in
+    // lockstep, validation and start-up not counted, as the prediction does not.
+    let median_step = outcomes
+        .iter()
+        .map(|outcome| {
+            startup::median_step_seconds(&outcome.report, batches[outcome.rank] * args.accumulation)
+        })
+        .fold(0.0, f64::max);
+    if let Some(line) = startup::startup_line(process_start, planning, &outcomes, median_step) {
+        println!("{line}");
+    }
     if let (Some(plan), Some(predicted)) = (&plan, predicted_step)
-        && let Layout::DataParallel { batches } = &plan.layout
+        && let Layout::DataParallel { .. } = &plan.layout
     {
-        // The median step after the first (which warms up), of the slowest replica: steps
-        // in lockstep, validation and start-up not counted, as the prediction does not.
-        let measured = outcomes
-            .iter()
-            .map(|outcome| {
-                let mut seconds: Vec<f64> = outcome
-                    .report
-                    .steps
-                    .iter()
-                    .skip(1)
-                    .map(|step| batches[outcome.rank] as f64 / step.images_per_sec.max(1e-9))
-                    .collect();
-                seconds.sort_by(f64::total_cmp);
-                seconds.get(seconds.len() / 2).copied().unwrap_or(f64::NAN)
-            })
-            .fold(0.0, f64::max);
+        let measured = median_step;
         println!(
             "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
             predicted * 1e3,

@@ -19,13 +19,14 @@ use crate::args::{Args, data_parallel_only};
 
 type Error = Box<dyn std::error::Error>;
 
-/// The plan this run trains with.
+/// The plan this run trains with; `None` when nothing is left to choose (data parallel on
+/// devices of one kind, equal batches, no memory limit): nothing is profiled then.
 pub fn choose(
     args: &Args,
     setup: &Setup,
     specs: &[DeviceSpec],
     devices: &[Device],
-) -> Result<Plan, Error> {
+) -> Result<Option<Plan>, Error> {
     let n = devices.len();
     let names: Vec<String> = args
         .devices
@@ -66,7 +67,7 @@ pub fn choose(
             }
         }
         println!("planner: loaded {}\n{}", path.display(), plan.table());
-        return Ok(plan);
+        return Ok(Some(plan));
     }
     let dp_only = data_parallel_only(args);
     let request = if args.plan == PlanRequest::Auto && !dp_only.is_empty() {
@@ -78,6 +79,21 @@ pub fn choose(
     } else {
         args.plan.clone()
     };
+    let kinds = device_kinds(specs, devices);
+    let data_parallel = request == PlanRequest::DataParallel || n == 1;
+    if data_parallel
+        && kinds.len() == 1
+        && global_batch.is_multiple_of(n)
+        && args.device_memory.is_none()
+        && args.save_plan.is_none()
+        && !args.predict
+    {
+        println!(
+            "planner: data parallel on {n} device(s) of one kind, batches of {}: nothing to choose, nothing profiled (--predict profiles and predicts the step)",
+            global_batch / n
+        );
+        return Ok(None);
+    }
     let start = Instant::now();
     let threads = args
         .threads
@@ -85,7 +101,6 @@ pub fn choose(
     let per_replica = (global_batch / n).max(1);
     let mut batches = vec![(per_replica / 4).max(1), per_replica];
     batches.dedup();
-    let kinds = device_kinds(specs, devices);
     let mut profiles = BTreeMap::new();
     for (kind, device) in &kinds {
         let key = ProfileKey {
@@ -207,7 +222,7 @@ pub fn choose(
             .map_err(|err| format!("--save-plan {}: {err}", path.display()))?;
         println!("planner: plan saved to {}", path.display());
     }
-    Ok(choice.chosen)
+    Ok(Some(choice.chosen))
 }
 
 /// Profiles the model at each of the key's batch sizes on `device`, before any loader runs

@@ -189,6 +189,14 @@ pub(crate) fn train_replica(
     if primary && let Some(log) = checkpoints::run_log(args, &position)? {
         builder = builder.observer(log);
     }
+    if primary && let Some(file) = &args.profile_kernels {
+        builder = builder.observer(crate::startup::ProfileMark {
+            file: file.clone(),
+            after_steps: args.profile_warmup,
+            device: replica.device().clone(),
+            seen: 0,
+        });
+    }
     if primary {
         let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
             .batch_size(256)

@@ -6,8 +6,14 @@
 # PyTorch's same model when `import torch` finds CUDA. Writes results/summary.txt.
 #   ./run.sh            3 epochs of 10,000 synthetic images per run
 #   ./run.sh --quick    1 epoch of 2,000
+#   ./run.sh --picture  the whole picture within ~6 minutes (picture.sh): start-up, f32/bf16,
+#                       shared GPU, pipeline, PyTorch, kernel families, CPU rows; results.json
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+if [ "${1:-}" = "--picture" ]; then
+  shift
+  exec "$here/picture.sh" "$@"
+fi
 bin="$here/bin/resnet_ddp"
 out="${KILN_BUNDLE_OUT:-$here/results}"
 epochs=3; samples=10000

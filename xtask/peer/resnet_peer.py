@@ -66,11 +66,16 @@ def train(rank, args, port, results):
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
     cuda = args.device == "cuda"
-    # One GPU per rank, as kiln's one replica per device; TF32 stays off (f32 compared with f32).
+    # One GPU per rank, as kiln's one replica per device. `f32` turns TF32 off (f32 compared
+    # with strict f32); `tf32` is PyTorch's default for convolutions (TF32 tensor cores), also
+    # for matmuls; `bf16` is autocast to bfloat16 (f32 weights, as kiln's --amp bf16).
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        tf32 = args.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    autocast = args.precision == "bf16"
+    process_start = time.perf_counter()
     model = make_model(torch, args.width).to(device)
     if args.replicas > 1:
         dist.init_process_group(
@@ -96,16 +101,22 @@ def train(rank, args, port, results):
         synchronize()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
+        # The loss read every step, as kiln's trainer does (the step's one host sync).
+        loss.item()
         synchronize()
+        if step == 0:
+            first_step = time.perf_counter() - process_start
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     if args.replicas > 1:
         dist.destroy_process_group()
     if rank == 0:
-        results.put(statistics.median(times))
+        peak = torch.cuda.max_memory_allocated(device) if cuda else None
+        results.put((statistics.median(times), first_step, peak))
 
 
 def profile(args):
@@ -150,6 +161,12 @@ def main():
         help="cpu, or cuda: rank r on cuda:r, NCCL between ranks (the GPU bundle's peer)",
     )
     parser.add_argument(
+        "--precision",
+        choices=["f32", "tf32", "bf16"],
+        default="f32",
+        help="on cuda: f32 (TF32 off), tf32 (PyTorch's default for convolutions), bf16 (autocast)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="print torch.profiler's table of one step (one process) instead of timing",
@@ -177,12 +194,17 @@ def main():
     if any(worker.exitcode != 0 for worker in workers) or results.empty():
         print(json.dumps({"error": "a PyTorch rank failed"}))
         return 1
-    step = results.get()
+    step, first_step, peak = results.get()
     print(
         json.dumps(
             {
                 "images_per_sec": args.replicas * args.batch / step,
                 "median_step_s": step,
+                # From the training function's start (model built, data on the device) to
+                # the first finished step: kernel selection and warm-up (cuDNN's heuristics).
+                "first_step_s": first_step,
+                "peak_memory_bytes": peak,
+                "precision": args.precision,
                 "torch": torch.__version__,
             }
         )

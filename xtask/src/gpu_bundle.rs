@@ -105,11 +105,17 @@ pub fn stage(binary: &Path, staging: &Path) -> Result<(), GpuBundleError> {
         _ => println!("gpu-bundle: `strip` failed or is missing: the binary keeps its symbols"),
     }
     let root = repo_root();
-    let script = staging.join("run.sh");
-    let source = root.join("xtask/gpu-bundle/run.sh");
-    fs::copy(&source, &script).map_err(io_error(&source))?;
     use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).map_err(io_error(&script))?;
+    for (name, mode) in [
+        ("run.sh", 0o755),
+        ("picture.sh", 0o755),
+        ("picture_report.py", 0o644),
+    ] {
+        let source = root.join("xtask/gpu-bundle").join(name);
+        let copy = staging.join(name);
+        fs::copy(&source, &copy).map_err(io_error(&source))?;
+        fs::set_permissions(&copy, fs::Permissions::from_mode(mode)).map_err(io_error(&copy))?;
+    }
     let peer = root.join("xtask/peer/resnet_peer.py");
     fs::copy(&peer, peer_dir.join("resnet_peer.py")).map_err(io_error(&peer))?;
     let readme = staging.join("README.txt");
@@ -117,7 +123,8 @@ pub fn stage(binary: &Path, staging: &Path) -> Result<(), GpuBundleError> {
         &readme,
         "kiln GPU node check. Needs glibc 2.35+, libstdc++, the NVIDIA driver, and NVRTC and\n\
          NCCL (system libraries, or `pip install nvidia-cuda-nvrtc nvidia-nccl-cu13`: run.sh\n\
-         finds the wheels' lib folders). Run ./run.sh (or ./run.sh --quick); the results and\n\
+         finds the wheels' lib folders). Run ./run.sh (or ./run.sh --quick, or ./run.sh --picture:\n\
+         everything in about 6 minutes, results.json and summary.md); the results and\n\
          results/summary.txt are written beside it. bin/resnet_ddp doctor alone checks the node.\n",
     )
     .map_err(io_error(&readme))?;
@@ -197,6 +204,8 @@ mod tests {
         for file in [
             "bin/resnet_ddp",
             "run.sh",
+            "picture.sh",
+            "picture_report.py",
             "peer/resnet_peer.py",
             "README.txt",
         ] {

@@ -6,6 +6,7 @@
 //! Burn's `CollectiveTensor::resolve`); meanwhile the caller computes. This is how
 //! data-parallel training overlaps gradient all-reduce with backward.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,8 @@ pub struct CommWorker {
     jobs: Option<Sender<Job>>,
     handle: Option<JoinHandle<()>>,
     abort: AbortHandle,
+    /// Operations submitted so far.
+    submitted: AtomicUsize,
 }
 
 /// Fails the group's pending and later operations from any thread (see [`Communicator::abort`]).
@@ -124,6 +127,7 @@ impl CommWorker {
             jobs: Some(tx),
             handle: Some(handle),
             abort,
+            submitted: AtomicUsize::new(0),
         }
     }
 
@@ -135,6 +139,12 @@ impl CommWorker {
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    /// How many operations were submitted to this rank's thread so far (every collective of
+    /// a data-parallel step goes through it; Burn's native device collectives do not).
+    pub fn operations(&self) -> usize {
+        self.submitted.load(Ordering::Relaxed)
     }
 
     /// A handle that aborts the group from any thread.
@@ -151,6 +161,7 @@ impl CommWorker {
         T: Send + 'static,
         F: FnOnce(&Communicator) -> Result<T, CommError> + Send + 'static,
     {
+        self.submitted.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::bounded(1);
         let reply = tx.clone();
         let job: Job = Box::new(move |comm| {

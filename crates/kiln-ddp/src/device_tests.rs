@@ -200,3 +200,78 @@ mod wgpu {
         control_fails(&mut setup, &reference, HALF, "wgpu f16, unsynchronised");
     }
 }
+
+/// One replica and its data-parallel step's synchronisation statistics and communicator
+/// operations during training (not counting the start's broadcast).
+fn lone_run(setup: &Setup) -> (Vec<Vec<f32>>, crate::SyncStats, usize) {
+    use crate::DataParallel;
+    use crate::test_support::{TinyNet, optimizer, params};
+    use kiln_data::DataLoader;
+    use kiln_train::Trainer;
+
+    let mut runs = DataParallel::new(setup.devices.clone())
+        .config(setup.config.clone())
+        .run(|replica| {
+            let device = replica.train_device();
+            let model = replica.broadcast_module(TinyNet::build(&device, setup.batch_norm))?;
+            let loader = DataLoader::builder(data())
+                .batch_size(setup.batch / setup.micro)
+                .shuffle(4)
+                .shard(replica.rank(), replica.world_size())
+                .device(device)
+                .build();
+            let step = if setup.overlapped {
+                replica.overlapped_step()
+            } else {
+                replica.non_overlapped_step()
+            };
+            let stats = step.stats();
+            let before = replica.comm().operations();
+            let (model, _) = Trainer::builder(model, optimizer())
+                .schedule(kiln_train::LrSchedule::constant(setup.schedule.lr))
+                .gradient_step(step)
+                .train_loader(loader)
+                .accumulation_steps(setup.micro)
+                .max_steps(setup.schedule.steps)
+                .progress(false)
+                .log_epochs(false)
+                .build()?
+                .fit()?;
+            let operations = replica.comm().operations() - before;
+            let stats = *stats.lock().unwrap();
+            Ok((params(&model), stats, operations))
+        })
+        .unwrap();
+    runs.swap_remove(0)
+}
+
+/// A replica with no peers runs the plain step on either gradient path: no buckets, no
+/// collective, nothing reported exchanged; its parameters equal one device's training
+/// (the host path's, bit for bit). Control: two replicas do bucket and reduce.
+#[test]
+fn a_lone_replica_exchanges_nothing() {
+    for (overlapped, micro) in [(true, 1), (false, 1), (true, 2)] {
+        let mut device = Setup::new(1, 8);
+        device.config.gradient_path = GradientPath::Device;
+        device.overlapped = overlapped;
+        device.micro = micro;
+        let (trained, stats, operations) = lone_run(&device);
+        let what = format!("one replica, device path, overlapped {overlapped}, {micro} micro-batch(es)");
+        assert_eq!(stats.buckets, 0, "{what}: buckets");
+        assert_eq!(stats.bytes, 0, "{what}: bytes");
+        assert!(stats.communication.is_zero() && stats.exposed.is_zero(), "{what}: {stats:?}");
+        assert_eq!(operations, 0, "{what}: collective operations");
+        assert_close(&[trained.clone()], &single(data(), 8, 1, true), EXACT, &what);
+        let mut host = Setup::new(1, 8);
+        host.config.gradient_path = GradientPath::Host;
+        host.overlapped = overlapped;
+        host.micro = micro;
+        let (host_trained, host_stats, host_operations) = lone_run(&host);
+        assert_eq!(trained, host_trained, "{what}: against the host path");
+        assert_eq!((host_stats.buckets, host_operations), (0, 0), "{what}: host path");
+    }
+    let mut pair = Setup::new(2, 8);
+    pair.config.gradient_path = GradientPath::Device;
+    let (_, stats, operations) = lone_run(&pair);
+    assert!(stats.buckets > 0 && operations > 0, "control: two replicas exchange ({stats:?}, {operations} operations)");
+}

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use burn::tensor::FloatDType;
+use burn::tensor::{FloatDType, Tensor};
 use half::{bf16, f16};
 use kiln_comm::{
     CommElement, CommError, CommWorker, Communicator, Pending, PendingTensor, ReduceBuffer,
@@ -192,6 +192,28 @@ impl GradStore {
             total,
             communication,
         })
+    }
+
+    /// A lone replica's gradients as device buckets of one layout entry each: nothing to
+    /// concatenate, reduce or split again. Empty for a host store.
+    pub(crate) fn entry_buckets(&mut self, layout: &FlatLayout) -> DeviceBuckets {
+        match self {
+            GradStore::Device { device, slots, .. } => DeviceBuckets(
+                layout
+                    .entries()
+                    .iter()
+                    .zip(slots.iter_mut())
+                    .map(|(entry, slot)| {
+                        let numel = entry.info.numel();
+                        let grad = slot
+                            .take()
+                            .unwrap_or_else(|| Tensor::zeros([numel], &*device));
+                        (entry.offset..entry.offset + numel, grad)
+                    })
+                    .collect(),
+            ),
+            GradStore::Host(_) => DeviceBuckets(Vec::new()),
+        }
     }
 
     /// This replica's own gradients as device buckets `ranges` (steps that do not reduce).

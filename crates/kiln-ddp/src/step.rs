@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -258,6 +258,8 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
 
         let samples: usize = batches.iter().map(Batch::samples).sum();
         let synchronous = self.config.mode == SyncMode::Gradients;
+        // A replica with no peers runs the plain step: no buckets, no collectives.
+        let alone = self.comm.world_size() == 1;
         let wire = Wire {
             compression: self.config.compression,
             comm: &self.comm,
@@ -269,7 +271,7 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
         let compute_start = Instant::now();
         for (index, batch) in batches.into_iter().enumerate() {
             let size = batch.samples();
-            let sink: &mut dyn GroupSink = if index + 1 == count && synchronous {
+            let sink: &mut dyn GroupSink = if index + 1 == count && synchronous && !alone {
                 &mut bucketing
             } else {
                 &mut NoBuckets
@@ -290,9 +292,21 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
             reduced,
             total,
             communication,
-        } = store.finish_reduce(in_flight, samples, wire)?;
-        let exposed = wait_start.elapsed();
-        let device_buckets = if synchronous {
+        } = if alone {
+            Finished {
+                reduced: store.entry_buckets(layout),
+                total: samples as f32,
+                communication: Duration::ZERO,
+            }
+        } else {
+            store.finish_reduce(in_flight, samples, wire)?
+        };
+        let exposed = if alone {
+            Duration::ZERO
+        } else {
+            wait_start.elapsed()
+        };
+        let device_buckets = if synchronous || alone {
             reduced
         } else {
             store.local_buckets(layout, plan.buckets())

@@ -60,7 +60,7 @@ pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
 pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
-pub use metrics::{EpochSummary, StepRecord, TrainReport};
+pub use metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
 pub use objective::{
     Classification, Objective, classification_loss, count_correct, objective_loss,
 };

@@ -75,6 +75,18 @@ pub struct TrainReport {
     pub epochs: Vec<EpochSummary>,
     /// Where training stopped when a [`StopFlag`](crate::StopFlag) ended it early.
     pub stopped_at: Option<crate::TrainPosition>,
+    /// This run's first step, for start-up accounting (on a GPU the first step also
+    /// compiles and tunes kernels); `None` when no step ran.
+    pub first_step: Option<FirstStep>,
+}
+
+/// When a run's first step ended and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirstStep {
+    /// When it ended (its loss read, its update enqueued).
+    pub finished: std::time::Instant,
+    /// From fetching its batches to its end.
+    pub took: Duration,
 }
 
 impl TrainReport {

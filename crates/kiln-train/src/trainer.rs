@@ -8,7 +8,7 @@ use kiln_core::{Forward, ImageClassifier};
 use kiln_data::BatchSource;
 
 use crate::evaluate::evaluate_with;
-use crate::metrics::{EpochSummary, StepRecord, TrainReport};
+use crate::metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
 use crate::progress::epoch_bar;
 use crate::{
     CheckpointHook, Classification, GradientStep, LocalStep, LrSchedule, Objective, StopFlag,
@@ -49,7 +49,7 @@ pub struct TrainerBuilder<M, S = LocalStep, O: Objective = Classification> {
     train: Option<Source<O::Batch>>,
     settings: Settings<O>,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
-    observer: Option<Box<dyn TrainObserver>>,
+    observers: Vec<Box<dyn TrainObserver>>,
     stop: Option<StopFlag>,
     start: TrainPosition,
 }
@@ -62,7 +62,7 @@ impl<M: Module, O: Objective> TrainerBuilder<M, LocalStep<O>, O> {
             step: LocalStep::with_objective(objective.clone()),
             train: None,
             checkpoint: None,
-            observer: None,
+            observers: Vec::new(),
             stop: None,
             start: TrainPosition::default(),
             settings: Settings {
@@ -90,7 +90,7 @@ impl<M: Module, S: GradientStep<M, O::Batch>, O: Objective> TrainerBuilder<M, S,
             train: self.train,
             settings: self.settings,
             checkpoint: self.checkpoint,
-            observer: self.observer,
+            observers: self.observers,
             stop: self.stop,
             start: self.start,
         }
@@ -106,9 +106,10 @@ impl<M: Module, S: GradientStep<M, O::Batch>, O: Objective> TrainerBuilder<M, S,
     }
 
     /// Shows `observer` every step and epoch as it is recorded (e.g. a [`RunLog`](crate::RunLog)
-    /// writing a run directory's metrics and curves).
+    /// writing a run directory's metrics and curves). Several may be added: each sees every
+    /// record, in the order they were added.
     pub fn observer(mut self, observer: impl TrainObserver + 'static) -> Self {
-        self.observer = Some(Box::new(observer));
+        self.observers.push(Box::new(observer));
         self
     }
 
@@ -228,7 +229,7 @@ impl<M: Module, S: GradientStep<M, O::Batch>, O: Objective> TrainerBuilder<M, S,
             train,
             settings,
             checkpoint: self.checkpoint,
-            observer: self.observer,
+            observers: self.observers,
             stop: self.stop,
             start: self.start,
         })
@@ -243,7 +244,7 @@ pub struct Trainer<M, S = LocalStep, O: Objective = Classification> {
     train: Source<O::Batch>,
     settings: Settings<O>,
     checkpoint: Option<Box<dyn CheckpointHook<M>>>,
-    observer: Option<Box<dyn TrainObserver>>,
+    observers: Vec<Box<dyn TrainObserver>>,
     stop: Option<StopFlag>,
     start: TrainPosition,
 }
@@ -347,7 +348,11 @@ where
                     data_wait,
                     loss_scale: self.step.loss_scale(),
                 });
-                if let Some(observer) = &mut self.observer {
+                report.first_step.get_or_insert_with(|| FirstStep {
+                    finished: Instant::now(),
+                    took: step_start.elapsed(),
+                });
+                for observer in &mut self.observers {
                     observer.on_step(report.steps.last().expect("just recorded"))?;
                 }
                 loss_sum += f64::from(out.loss);
@@ -422,7 +427,7 @@ where
             if self.settings.log_epochs {
                 println!("{summary}");
             }
-            if let Some(observer) = &mut self.observer {
+            for observer in &mut self.observers {
                 observer.on_epoch(&summary)?;
             }
             report.epochs.push(summary);

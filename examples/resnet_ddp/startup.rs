@@ -1,0 +1,98 @@
+//! Start-up: the GPU runtime's settings from the options, what start-up cost, and the mark
+//! that separates a kernel profile's warm-up from its steady state.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kiln::core::gpu_runtime::GpuRuntime;
+use kiln::train::{EpochSummary, StepRecord, TrainError, TrainReport, TrainObserver};
+
+use crate::Outcome;
+use crate::args::Args;
+
+/// The GPU runtime's settings the options ask for.
+pub fn gpu_runtime(args: &Args) -> GpuRuntime {
+    GpuRuntime {
+        cache: args.gpu_cache.clone(),
+        autotune: args.autotune_level,
+        kernel_profile: args.profile_kernels.clone(),
+    }
+}
+
+/// The median of a replica's step times after its first step (`batch` samples a step).
+pub fn median_step_seconds(report: &TrainReport, batch: usize) -> f64 {
+    let mut seconds: Vec<f64> = report
+        .steps
+        .iter()
+        .skip(1)
+        .map(|step| batch as f64 / step.images_per_sec.max(1e-9))
+        .collect();
+    seconds.sort_by(f64::total_cmp);
+    seconds.get(seconds.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// What start-up cost: from the process's start to the first finished step (the last
+/// replica's), the planner's share, and the first step beyond a steady one — on a GPU the
+/// kernels' compilation and tuning (cubecl caches both on disk: a second run skips them).
+pub fn startup_line(
+    process_start: Instant,
+    planning: std::time::Duration,
+    outcomes: &[Outcome],
+    median_step: f64,
+) -> Option<String> {
+    let first = outcomes
+        .iter()
+        .filter_map(|o| o.report.first_step)
+        .max_by_key(|f| f.finished)?;
+    let total = first.finished.duration_since(process_start).as_secs_f64();
+    let took = first.took.as_secs_f64();
+    let warmup = if median_step.is_finite() {
+        format!(
+            "{:.1} s beyond a median step of {:.1} ms (kernel compilation, tuning and first-touch allocation)",
+            (took - median_step).max(0.0),
+            median_step * 1e3
+        )
+    } else {
+        "no later step to compare with".into()
+    };
+    Some(format!(
+        "start-up: first step finished {total:.1} s after the process started | planner {:.1} s | first step {took:.1} s, {warmup} | setup {:.1} s",
+        planning.as_secs_f64(),
+        (total - took - planning.as_secs_f64()).max(0.0),
+    ))
+}
+
+
+/// With --profile-kernels: after the warm-up steps, waits for the device to finish and for
+/// cubecl's logger to write what it measured, then appends `kiln: steady state` to the
+/// profile, so that its reader can leave the warm-up (compilation, tuning) out.
+pub struct ProfileMark {
+    pub file: PathBuf,
+    pub after_steps: usize,
+    pub device: burn::tensor::Device,
+    pub seen: usize,
+}
+
+impl TrainObserver for ProfileMark {
+    fn on_step(&mut self, _: &StepRecord) -> Result<(), TrainError> {
+        self.seen += 1;
+        if self.seen != self.after_steps {
+            return Ok(());
+        }
+        let failed = |why: String| TrainError::Log(format!("--profile-kernels {}: {why}", self.file.display()));
+        self.device.sync().map_err(|err| failed(err.to_string()))?;
+        // cubecl's logger resolves and writes each kernel's time on its own thread.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.file)
+            .map_err(|err| failed(err.to_string()))?;
+        writeln!(file, "kiln: steady state after {} steps", self.seen).map_err(|err| failed(err.to_string()))
+    }
+
+    fn on_epoch(&mut self, _: &EpochSummary) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
