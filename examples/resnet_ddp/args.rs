@@ -23,6 +23,29 @@ fn positive_norm(text: &str) -> Result<f32, String> {
     }
 }
 
+/// A positive, finite learning rate (NaN or infinity would fail at the first step).
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        Ok(rate) => Err(format!("must be positive and finite, not {rate}")),
+        Err(err) => Err(format!("not a number: {err}")),
+    }
+}
+
+/// Compute threads per replica: at least one, at most this machine's cores (more would only
+/// contend, and an absurd count spent minutes spawning threads).
+fn thread_count(text: &str) -> Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(count) if count > cores => Err(format!(
+            "{count} threads per replica, but this machine has {cores} cores"
+        )),
+        Ok(count) => Ok(count),
+        Err(err) => Err(format!("not a count: {err}")),
+    }
+}
+
 /// Gradient element type on the wire.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompressionArg {
@@ -132,7 +155,7 @@ pub struct Args {
     #[arg(long, value_parser = positive())]
     pub steps: Option<usize>,
     /// Peak learning rate (after warm-up; cosine decay to zero).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = positive_rate)]
     pub lr: f64,
     /// Scale --lr with the global batch: `linear` takes --lr as the rate for 256 samples per
     /// step and multiplies it by global batch / 256 (Goyal et al., 2017; the warm-up over the
@@ -212,7 +235,7 @@ pub struct Args {
     pub prefetch: usize,
     /// Compute threads per replica (each replica runs Burn's CPU kernels in its own pool).
     /// Default: the machine's cores divided among this process's replicas.
-    #[arg(long, value_parser = positive())]
+    #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// Pipeline parallelism: cut the model into this many stages, one per --devices entry
     /// (CPU entries may repeat: stages are threads), instead of data-parallel replicas.

@@ -32,6 +32,13 @@ fn out_of_range_values_are_refused_when_parsing() {
         ["--plan", "fastest"],
         ["--plan", "pp=0"],
         ["--global-batch", "0"],
+        ["--threads", "100000"],
+        ["--lr", "nan"],
+        ["--lr", "inf"],
+        ["--lr", "-0.1"],
+        ["--lr", "0"],
+        ["--autotune-level", "fast"],
+        ["--gpu-cache", ""],
     ] {
         let error = parse(&bad)
             .err()
@@ -41,7 +48,8 @@ fn out_of_range_values_are_refused_when_parsing() {
             "{bad:?}: the message names the option: {error}"
         );
     }
-    assert!(parse(&["--threads", "2", "--local-sgd", "3"]).is_ok());
+    assert!(parse(&["--threads", "1", "--local-sgd", "3"]).is_ok());
+    assert!(parse(&["--autotune-level", "minimal", "--gpu-cache", "off"]).is_ok());
 }
 
 #[test]

@@ -108,10 +108,7 @@ pub fn resume_from(args: &Args) -> Result<Option<PathBuf>, String> {
                 .run_dir
                 .as_ref()
                 .expect("checked: --resume latest has --run-dir");
-            let latest = store(args)
-                .expect("a run directory")
-                .latest()
-                .map_err(|err| err.to_string())?;
+            let latest = latest_whole(&store(args).expect("a run directory"))?;
             if latest.is_none() {
                 println!(
                     "resume: no checkpoint in {} yet, starting fresh",
@@ -219,9 +216,20 @@ pub fn record_config(args: &Args, plan: Option<&kiln::planner::Plan>) -> Result<
 /// The checkpoint a restart resumes from: the latest, or the start when there is none yet.
 pub fn restart_from(args: &Args) -> Result<Option<PathBuf>, String> {
     store(args)
-        .map(|store| store.latest().map_err(|err| err.to_string()))
+        .map(|store| latest_whole(&store))
         .transpose()
         .map(Option::flatten)
+}
+
+/// The newest checkpoint in `store` that verifies, saying which newer ones were skipped.
+fn latest_whole(store: &kiln::checkpoint::CheckpointStore) -> Result<Option<PathBuf>, String> {
+    let Some(latest) = store.latest_whole().map_err(|err| err.to_string())? else {
+        return Ok(None);
+    };
+    for (path, why) in &latest.skipped {
+        eprintln!("resume: skipping {} ({why})", path.display());
+    }
+    Ok(Some(latest.path))
 }
 
 /// With a run directory, SIGTERM (a preempted job) stops training at the next step with a

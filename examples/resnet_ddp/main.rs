@@ -370,12 +370,19 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         && let Layout::DataParallel { .. } = &plan.layout
     {
         let measured = median_step;
-        println!(
-            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
-            predicted * 1e3,
-            measured * 1e3,
-            100.0 * (measured / predicted - 1.0)
-        );
+        if measured.is_finite() && measured > 0.0 {
+            println!(
+                "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
+                predicted * 1e3,
+                measured * 1e3,
+                100.0 * (measured / predicted - 1.0)
+            );
+        } else {
+            println!(
+                "planner: predicted step {:.1} ms, nothing measured (the first step warms up and is not counted: train 2 steps or more to compare)",
+                predicted * 1e3
+            );
+        }
     }
     Ok(())
 }

@@ -47,9 +47,9 @@ pub fn startup_line(
         .max_by_key(|f| f.finished)?;
     let total = first.finished.duration_since(process_start).as_secs_f64();
     let took = first.took.as_secs_f64();
-    let warmup = if median_step.is_finite() {
+    let warmup = if median_step.is_finite() && median_step > 0.0 {
         format!(
-            "{:.1} s beyond a median step of {:.1} ms (kernel compilation, tuning and first-touch allocation)",
+            "{:.2} s beyond a median step of {:.1} ms (kernel compilation, tuning and first-touch allocation)",
             (took - median_step).max(0.0),
             median_step * 1e3
         )
@@ -57,7 +57,7 @@ pub fn startup_line(
         "no later step to compare with".into()
     };
     Some(format!(
-        "start-up: first step finished {total:.1} s after the process started | planner {:.1} s | first step {took:.1} s, {warmup} | setup {:.1} s",
+        "start-up: first step finished {total:.2} s after the process started | planner {:.2} s | first step {took:.2} s, {warmup} | setup {:.2} s",
         planning.as_secs_f64(),
         (total - took - planning.as_secs_f64()).max(0.0),
     ))

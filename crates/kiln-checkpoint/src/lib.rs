@@ -70,4 +70,4 @@ pub use snapshot::{
 };
 pub use stage_part_files::stage_part_name;
 pub use stage_parts::{StagePart, join_model_parts};
-pub use store::{CheckpointStore, LoadedCheckpoint};
+pub use store::{CheckpointStore, LatestWhole, LoadedCheckpoint};

@@ -23,6 +23,15 @@ pub struct CheckpointStore {
     space_left: Option<Arc<AtomicU64>>,
 }
 
+/// The newest checkpoint that verifies ([`CheckpointStore::latest_whole`]).
+#[derive(Debug)]
+pub struct LatestWhole {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Newer checkpoints that did not verify, newest first, with why.
+    pub skipped: Vec<(PathBuf, CheckpointError)>,
+}
+
 /// A checkpoint read back and verified.
 #[derive(Debug)]
 pub struct LoadedCheckpoint {
@@ -106,6 +115,7 @@ impl CheckpointStore {
         parts: Option<&PartsToCollect>,
     ) -> Result<PathBuf, CheckpointError> {
         fs::create_dir_all(&self.dir).map_err(CheckpointError::io(&self.dir))?;
+        self.sweep()?;
         let step = manifest.position.step;
         let partial = self
             .dir
@@ -127,6 +137,7 @@ impl CheckpointStore {
         let replacing = target.exists();
         if replacing {
             fs::rename(&target, &aside).map_err(CheckpointError::io(&target))?;
+            failpoint("save-replaced");
         }
         fs::rename(&partial, &target).map_err(CheckpointError::io(&target))?;
         sync_dir(&self.dir)?;
@@ -178,20 +189,70 @@ impl CheckpointStore {
         Ok(self.list()?.pop().map(|(_, path)| path))
     }
 
-    /// Removes all but the newest `keep` complete checkpoints, and temporary directories
-    /// other processes left behind (a crash mid-save).
+    /// The newest checkpoint that loads and verifies (every file against its manifest), and
+    /// the newer ones skipped on the way, each with why (a disk that lost or changed a file
+    /// after the save). `None` when no checkpoint verifies.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn latest_whole(&self) -> Result<Option<LatestWhole>, CheckpointError> {
+        let mut skipped = Vec::new();
+        for (_, path) in self.list()?.into_iter().rev() {
+            match Self::load(&path) {
+                Ok(_) => return Ok(Some(LatestWhole { path, skipped })),
+                Err(err) => skipped.push((path, err)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Removes all but the newest `keep` complete checkpoints. Each is first renamed out of
+    /// the checkpoints' names (atomically, and made durable), then deleted: a process killed
+    /// while deleting leaves a hidden `.step-N.removing-PID` that no listing reports and the
+    /// next save sweeps, never a listed checkpoint with files missing.
     fn prune(&self) -> Result<(), CheckpointError> {
         let complete = self.list()?;
         let excess = complete.len().saturating_sub(self.keep);
-        for (_, path) in &complete[..excess] {
-            fs::remove_dir_all(path).map_err(CheckpointError::io(path))?;
+        for (step, path) in &complete[..excess] {
+            let doomed = self
+                .dir
+                .join(format!(".step-{step:09}.removing-{}", std::process::id()));
+            fs::rename(path, &doomed).map_err(CheckpointError::io(path))?;
+            sync_dir(&self.dir)?;
+            failpoint("prune-renamed");
+            remove_tree(&doomed)?;
         }
-        let mine = format!(".partial-{}", std::process::id());
+        Ok(())
+    }
+
+    /// Clears what interrupted saves and removals left behind (run by the writer before each
+    /// save): temporary directories of other processes' saves and of removals are deleted; a
+    /// checkpoint moved aside to be replaced (`.step-N.replaced-PID`) is put back when its
+    /// replacement never arrived, else deleted.
+    fn sweep(&self) -> Result<(), CheckpointError> {
+        let mine = format!("-{}", std::process::id());
         for entry in fs::read_dir(&self.dir).map_err(CheckpointError::io(&self.dir))? {
             let entry = entry.map_err(CheckpointError::io(&self.dir))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(".step-") && name.contains(".partial-") && !name.ends_with(&mine) {
-                let _ = fs::remove_dir_all(entry.path());
+            let Some(rest) = name.strip_prefix(".step-") else {
+                continue;
+            };
+            let Some((step, kind)) = rest.split_once('.') else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.starts_with("replaced-") {
+                let target = self.dir.join(format!("step-{step}"));
+                if !target.exists() {
+                    fs::rename(&path, &target).map_err(CheckpointError::io(&path))?;
+                    sync_dir(&self.dir)?;
+                    continue;
+                }
+                remove_tree(&path)?;
+            } else if kind.starts_with("removing-")
+                || (kind.starts_with("partial-") && !kind.ends_with(&mine))
+            {
+                remove_tree(&path)?;
             }
         }
         Ok(())
@@ -262,6 +323,7 @@ impl CheckpointStore {
             let bytes = self.collect_part(manifest.position.step, name, dir, parts)?;
             manifest.files.push(entry(name.clone(), &bytes));
         }
+        failpoint("save-written");
         let text = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
         self.write_synced(&dir.join(MANIFEST), &text)?;
         sync_dir(dir)
@@ -312,4 +374,36 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(CheckpointError::io(dir))
+}
+
+/// Deletes a directory that is already out of the checkpoints' names, file by file (so the
+/// failpoint `prune-deleting` can stop a process part-way, as a kill would).
+fn remove_tree(dir: &Path) -> Result<(), CheckpointError> {
+    for (index, entry) in fs::read_dir(dir)
+        .map_err(CheckpointError::io(dir))?
+        .enumerate()
+    {
+        let path = entry.map_err(CheckpointError::io(dir))?.path();
+        if path.is_dir() {
+            fs::remove_dir_all(&path).map_err(CheckpointError::io(&path))?;
+        } else {
+            fs::remove_file(&path).map_err(CheckpointError::io(&path))?;
+        }
+        if index == 0 {
+            failpoint("prune-deleting");
+        }
+    }
+    fs::remove_dir(dir).map_err(CheckpointError::io(dir))
+}
+
+/// Deterministic kills for tests: the process aborts where `KILN_CHECKPOINT_FAILPOINT`
+/// names this point (`save-written`: files written, manifest not; `save-replaced`: the old
+/// checkpoint of the same step moved aside; `prune-renamed`; `prune-deleting`: one file of a
+/// pruned checkpoint deleted). Read once; nothing happens without the variable.
+pub(crate) fn failpoint(name: &str) {
+    static POINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let point = POINT.get_or_init(|| std::env::var("KILN_CHECKPOINT_FAILPOINT").ok());
+    if point.as_deref() == Some(name) {
+        std::process::abort();
+    }
 }

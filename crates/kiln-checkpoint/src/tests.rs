@@ -437,6 +437,92 @@ fn a_kill_during_a_save_leaves_the_previous_checkpoints_intact() {
 }
 
 #[test]
+#[ignore = "runs as the child of a_kill_at_any_failpoint_leaves_only_whole_checkpoints_listed"]
+fn child_saving_until_a_failpoint() {
+    let Some(dir) = std::env::var_os("KILN_CHECKPOINT_CHILD_DIR") else {
+        return;
+    };
+    let first: usize = std::env::var("KILN_CHECKPOINT_CHILD_FIRST")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let device = Device::flex().autodiff();
+    let small: Linear = init_module(&device, 1, || LinearConfig::new(64, 64).init(&device));
+    let saver = Checkpointer::new(CheckpointStore::new(dir, 2), 1, RunIdentity::new("small"));
+    for step in first..first + 3 {
+        let position = TrainPosition {
+            step,
+            ..TrainPosition::default()
+        };
+        saver
+            .save_now(&position, &small, &SgdConfig::new().init())
+            .unwrap();
+    }
+}
+
+/// A process stopped at each point of a save or a prune (a failpoint aborts it there, so the
+/// kill lands exactly) leaves every listed checkpoint whole: each loads and verifies, the
+/// latest resumes bit for bit, and the next save clears what was left (a checkpoint moved
+/// aside to be replaced comes back). On a prune that deletes in place, `prune-deleting`
+/// leaves a listed checkpoint with files missing, and this test fails.
+#[test]
+fn a_kill_at_any_failpoint_leaves_only_whole_checkpoints_listed() {
+    let device = Device::flex().autodiff();
+    let small: Linear = init_module(&device, 1, || LinearConfig::new(64, 64).init(&device));
+    let child = |dir: &Path, first: usize, failpoint: Option<&str>| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--ignored", "--exact", "tests::child_saving_until_a_failpoint"])
+            .env("KILN_CHECKPOINT_CHILD_DIR", dir)
+            .env("KILN_CHECKPOINT_CHILD_FIRST", first.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        if let Some(point) = failpoint {
+            command.env("KILN_CHECKPOINT_FAILPOINT", point);
+        }
+        command.status().unwrap().success()
+    };
+    let whole = |store: &CheckpointStore, what: &str| {
+        let listed = store.list().unwrap();
+        assert!(!listed.is_empty(), "{what}: no checkpoint left");
+        for (_, path) in &listed {
+            CheckpointStore::load(path).unwrap_or_else(|err| panic!("{what}: {err}"));
+        }
+        let latest = store.latest_whole().unwrap().expect("a checkpoint verifies");
+        assert!(latest.skipped.is_empty(), "{what}: skipped {:?}", latest.skipped);
+        let fresh: Linear = init_module(&device, 9, || LinearConfig::new(64, 64).init(&device));
+        let resumed = resume(&latest.path, &RunIdentity::new("small"), fresh, SgdConfig::new().init())
+            .unwrap();
+        assert_eq!(fingerprint(&resumed.model), fingerprint(&small), "{what}");
+        listed
+    };
+    // Steps 1-3 saved (2 and 3 kept); then a run saving from `first` stops at the point.
+    for (point, first) in [
+        ("save-written", 4),
+        ("save-replaced", 3),
+        ("prune-renamed", 4),
+        ("prune-deleting", 4),
+    ] {
+        let dir = scratch(&format!("failpoint-{point}"));
+        let store = CheckpointStore::new(&dir, 2);
+        assert!(child(&dir, 1, None), "{point}: the first run");
+        assert!(!child(&dir, first, Some(point)), "{point}: the failpoint did not stop the run");
+        whole(&store, point);
+        // The next save sweeps the leftovers: only checkpoints remain, step 3 among them.
+        assert!(child(&dir, 10, None), "{point}: the run after");
+        let listed = whole(&store, &format!("{point}, then saved again"));
+        assert_eq!(listed.len(), 2, "{point}: {listed:?}");
+        let hidden: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(".step-"))
+            .collect();
+        assert!(hidden.is_empty(), "{point}: left behind {hidden:?}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
 fn weights_and_batch_norm_statistics_round_trip_exactly() {
     let device = Device::flex().autodiff();
     let trained = model(&device);

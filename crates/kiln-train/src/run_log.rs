@@ -92,12 +92,26 @@ impl RunLog {
                 }
             })
             .collect();
+        // The kept lines go to a new file that replaces the old one whole (renamed over it,
+        // once synced): a process killed at any instant leaves the old log or the new one,
+        // never a truncated one.
+        let partial = dir.join(format!("{METRICS}.partial-{}", std::process::id()));
+        let mut text = String::new();
+        for line in &kept {
+            text.push_str(line);
+            text.push('\n');
+        }
+        File::create(&partial)
+            .and_then(|mut file| {
+                file.write_all(text.as_bytes())?;
+                file.sync_all()
+            })
+            .map_err(|err| failed(&partial, err))?;
+        fs::rename(&partial, &path).map_err(|err| failed(&path, err))?;
         let mut log = Self {
             out: BufWriter::new(
                 OpenOptions::new()
-                    .create(true)
-                    .write(true)
-                    .truncate(true)
+                    .append(true)
                     .open(&path)
                     .map_err(|err| failed(&path, err))?,
             ),
@@ -106,10 +120,8 @@ impl RunLog {
             epochs: Vec::new(),
         };
         for line in kept {
-            writeln!(log.out, "{line}").map_err(|err| failed(&path, err))?;
             log.remember(&serde_json::from_str(line).unwrap_or(Value::Null));
         }
-        log.out.flush().map_err(|err| failed(&path, err))?;
         Ok(log)
     }
 
