@@ -35,7 +35,6 @@ fn out_of_range_values_are_refused_when_parsing() {
         ["--threads", "100000"],
         ["--lr", "nan"],
         ["--lr", "inf"],
-        ["--lr", "-0.1"],
         ["--lr", "0"],
         ["--autotune-level", "fast"],
         ["--gpu-cache", ""],

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kiln::core::gpu_runtime::GpuRuntime;
-use kiln::train::{EpochSummary, StepRecord, TrainError, TrainReport, TrainObserver};
+use kiln::train::{EpochSummary, StepRecord, TrainError, TrainObserver, TrainReport};
 
 use crate::Outcome;
 use crate::args::Args;
@@ -63,7 +63,6 @@ pub fn startup_line(
     ))
 }
 
-
 /// With --profile-kernels: after the warm-up steps, waits for the device to finish and for
 /// cubecl's logger to write what it measured, then appends `kiln: steady state` to the
 /// profile, so that its reader can leave the warm-up (compilation, tuning) out.
@@ -80,7 +79,9 @@ impl TrainObserver for ProfileMark {
         if self.seen != self.after_steps {
             return Ok(());
         }
-        let failed = |why: String| TrainError::Log(format!("--profile-kernels {}: {why}", self.file.display()));
+        let failed = |why: String| {
+            TrainError::Log(format!("--profile-kernels {}: {why}", self.file.display()))
+        };
         self.device.sync().map_err(|err| failed(err.to_string()))?;
         // cubecl's logger resolves and writes each kernel's time on its own thread.
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -89,7 +90,8 @@ impl TrainObserver for ProfileMark {
             .append(true)
             .open(&self.file)
             .map_err(|err| failed(err.to_string()))?;
-        writeln!(file, "kiln: steady state after {} steps", self.seen).map_err(|err| failed(err.to_string()))
+        writeln!(file, "kiln: steady state after {} steps", self.seen)
+            .map_err(|err| failed(err.to_string()))
     }
 
     fn on_epoch(&mut self, _: &EpochSummary) -> Result<(), TrainError> {

@@ -472,7 +472,11 @@ fn a_kill_at_any_failpoint_leaves_only_whole_checkpoints_listed() {
     let child = |dir: &Path, first: usize, failpoint: Option<&str>| {
         let mut command = std::process::Command::new(std::env::current_exe().unwrap());
         command
-            .args(["--ignored", "--exact", "tests::child_saving_until_a_failpoint"])
+            .args([
+                "--ignored",
+                "--exact",
+                "tests::child_saving_until_a_failpoint",
+            ])
             .env("KILN_CHECKPOINT_CHILD_DIR", dir)
             .env("KILN_CHECKPOINT_CHILD_FIRST", first.to_string())
             .stdout(std::process::Stdio::null())
@@ -488,11 +492,23 @@ fn a_kill_at_any_failpoint_leaves_only_whole_checkpoints_listed() {
         for (_, path) in &listed {
             CheckpointStore::load(path).unwrap_or_else(|err| panic!("{what}: {err}"));
         }
-        let latest = store.latest_whole().unwrap().expect("a checkpoint verifies");
-        assert!(latest.skipped.is_empty(), "{what}: skipped {:?}", latest.skipped);
+        let latest = store
+            .latest_whole()
+            .unwrap()
+            .expect("a checkpoint verifies");
+        assert!(
+            latest.skipped.is_empty(),
+            "{what}: skipped {:?}",
+            latest.skipped
+        );
         let fresh: Linear = init_module(&device, 9, || LinearConfig::new(64, 64).init(&device));
-        let resumed = resume(&latest.path, &RunIdentity::new("small"), fresh, SgdConfig::new().init())
-            .unwrap();
+        let resumed = resume(
+            &latest.path,
+            &RunIdentity::new("small"),
+            fresh,
+            SgdConfig::new().init(),
+        )
+        .unwrap();
         assert_eq!(fingerprint(&resumed.model), fingerprint(&small), "{what}");
         listed
     };
@@ -506,7 +522,10 @@ fn a_kill_at_any_failpoint_leaves_only_whole_checkpoints_listed() {
         let dir = scratch(&format!("failpoint-{point}"));
         let store = CheckpointStore::new(&dir, 2);
         assert!(child(&dir, 1, None), "{point}: the first run");
-        assert!(!child(&dir, first, Some(point)), "{point}: the failpoint did not stop the run");
+        assert!(
+            !child(&dir, first, Some(point)),
+            "{point}: the failpoint did not stop the run"
+        );
         whole(&store, point);
         // The next save sweeps the leftovers: only checkpoints remain, step 3 among them.
         assert!(child(&dir, 10, None), "{point}: the run after");

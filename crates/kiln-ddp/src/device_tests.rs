@@ -256,22 +256,38 @@ fn a_lone_replica_exchanges_nothing() {
         device.overlapped = overlapped;
         device.micro = micro;
         let (trained, stats, operations) = lone_run(&device);
-        let what = format!("one replica, device path, overlapped {overlapped}, {micro} micro-batch(es)");
+        let what =
+            format!("one replica, device path, overlapped {overlapped}, {micro} micro-batch(es)");
         assert_eq!(stats.buckets, 0, "{what}: buckets");
         assert_eq!(stats.bytes, 0, "{what}: bytes");
-        assert!(stats.communication.is_zero() && stats.exposed.is_zero(), "{what}: {stats:?}");
+        assert!(
+            stats.communication.is_zero() && stats.exposed.is_zero(),
+            "{what}: {stats:?}"
+        );
         assert_eq!(operations, 0, "{what}: collective operations");
-        assert_close(&[trained.clone()], &single(data(), 8, 1, true), EXACT, &what);
+        assert_close(
+            std::slice::from_ref(&trained),
+            &single(data(), 8, 1, true),
+            EXACT,
+            &what,
+        );
         let mut host = Setup::new(1, 8);
         host.config.gradient_path = GradientPath::Host;
         host.overlapped = overlapped;
         host.micro = micro;
         let (host_trained, host_stats, host_operations) = lone_run(&host);
         assert_eq!(trained, host_trained, "{what}: against the host path");
-        assert_eq!((host_stats.buckets, host_operations), (0, 0), "{what}: host path");
+        assert_eq!(
+            (host_stats.buckets, host_operations),
+            (0, 0),
+            "{what}: host path"
+        );
     }
     let mut pair = Setup::new(2, 8);
     pair.config.gradient_path = GradientPath::Device;
     let (_, stats, operations) = lone_run(&pair);
-    assert!(stats.buckets > 0 && operations > 0, "control: two replicas exchange ({stats:?}, {operations} operations)");
+    assert!(
+        stats.buckets > 0 && operations > 0,
+        "control: two replicas exchange ({stats:?}, {operations} operations)"
+    );
 }
