@@ -1,7 +1,8 @@
 //! Burn's features that kiln's speed depends on are really enabled.
 //!
 //! kiln declares burn with `default-features = false`, which also drops what Burn's defaults
-//! give its backends (Flex's threads and SIMD paths). Losing one again costs 2-10x silently,
+//! give its backends (Flex's threads and SIMD paths; the GPU backends' autotune, fusion and
+//! on-disk kernel cache). Losing one again costs 2-10x silently (minutes of start-up on a GPU),
 //! so this test reads the resolved feature graph.
 
 use std::process::Command;
@@ -12,17 +13,28 @@ fn resolved_features(package: &str) -> String {
 }
 
 /// The features of `package` that cargo resolves for the workspace with kiln's `features`.
+/// Offline first; a feature whose crates were never downloaded (the GPU backends' before any
+/// GPU build) resolves with the registry instead.
 fn resolved_features_with(package: &str, features: Option<&str>) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut args = vec!["tree", "--offline", "-e", "features", "-i", package];
-    if let Some(features) = features {
-        args.extend(["--features", features]);
+    let tree = |offline: bool| {
+        let mut args = vec!["tree", "-e", "features", "-i", package];
+        if offline {
+            args.push("--offline");
+        }
+        if let Some(features) = features {
+            args.extend(["--features", features]);
+        }
+        Command::new(&cargo)
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo runs")
+    };
+    let mut output = tree(true);
+    if !output.status.success() && features.is_some() {
+        output = tree(false);
     }
-    let output = Command::new(cargo)
-        .args(&args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo runs");
     assert!(
         output.status.success(),
         "cargo tree failed: {}",

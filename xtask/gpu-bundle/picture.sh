@@ -87,7 +87,11 @@ step() {
   echo "== $id: $state in $took s"; tail -3 "$out/$id.log"
 }
 
-kiln=("$bin" --plan dp --quiet --gpu-cache "$cache")
+# The kernel cache in this run's own directory, so that the first run starts empty (a CPU
+# build refuses GPU settings, rightly: the dry run leaves them out).
+gpu=(--gpu-cache "$cache")
+[ "$kind" = cpu ] && gpu=()
+kiln=("$bin" --plan dp --quiet "${gpu[@]}")
 have_torch() {
   python3 -c "import torch, sys; sys.exit(0 if '$kind' == 'cpu' or torch.cuda.is_available() else 1)" 2>/dev/null
 }
@@ -106,8 +110,13 @@ else
 fi
 step bf16 120 "${kiln[@]}" --devices "$dev" "${model[@]}" --amp bf16
 step shared 60 "${kiln[@]}" --devices "$pair" "${model[@]}" --gradient-path device
-step pipeline 90 "$bin" --quiet --gpu-cache "$cache" --pipeline 2 --devices "$pair" "${pipe[@]}"
-step profile 60 "${kiln[@]}" --devices "$dev" "${prof[@]}" --profile-kernels "$out/kernels.log" --profile-warmup 3
+step pipeline 90 "$bin" --quiet "${gpu[@]}" --pipeline 2 --devices "$pair" "${pipe[@]}"
+if [ "$kind" = cpu ]; then
+  # A CPU build has no kernel profile (GPU kernels only): refused, rightly.
+  printf 'profile\tskipped\t0\n' >> "$out/steps.tsv"
+else
+  step profile 60 "${kiln[@]}" --devices "$dev" "${prof[@]}" --profile-kernels "$out/kernels.log" --profile-warmup 3
+fi
 # The CPU rows: one replica on every core, two on half each; PyTorch likewise.
 step cpu-1 60 "${kiln[@]}" --devices cpu:0 --threads "$threads" "${cpu_model[@]}"
 step cpu-2 60 "${kiln[@]}" --devices cpu:0,cpu:1 --threads $(( (threads + 1) / 2 )) "${cpu_model[@]}"
@@ -122,7 +131,7 @@ fi
 if [ "$kind" = cpu ]; then
   printf 'selftest\tskipped\t0\n' >> "$out/steps.tsv"
 else
-  step selftest 90 "$bin" selftest --devices "$pair" --gpu-cache "$cache"
+  step selftest 90 "$bin" selftest --devices "$pair" "${gpu[@]}"
 fi
 
 python3 "$here/picture_report.py" "$out" --kind "$kind" --budget "$budget" --elapsed $(( $(date +%s) - start ))

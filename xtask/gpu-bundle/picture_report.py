@@ -152,11 +152,36 @@ def kernel_families(out, top=15):
     }
 
 
+def self_test():
+    """kernel_families on a profile in cubecl's format: the warm-up before kiln's mark is left
+    out, durations in every unit Rust's Duration prints are summed by family."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as out:
+        with open(os.path.join(out, "kernels.log"), "w") as f:
+            f.write("| 9s         | matmul_tune_candidate<f32>\n")
+            f.write("kiln: steady state after 3 steps\n")
+            f.write("| 1.5ms      | conv2d_implicit_gemm<f32, 3x3>\n")
+            f.write("| 500µs      | conv2d_implicit_gemm<f32, 1x1>\n")
+            f.write("| 250us      | reduce_sum(f32)\n")
+            f.write("| 250000ns   | reduce_sum(f32)\n")
+            f.write("| not measured | copy_kernel\n")
+        got = kernel_families(out)
+    families = {f["family"]: f for f in got["families"]}
+    assert abs(got["total_ms"] - 2.5) < 1e-9, got
+    assert set(families) == {"conv2d_implicit_gemm", "reduce_sum"}, families
+    assert families["conv2d_implicit_gemm"]["launches"] == 2, families
+    assert abs(families["reduce_sum"]["percent"] - 20.0) < 1e-9, families
+    print("picture_report self-test: ok")
+    return 0
+
+
 def ratio(a, b):
     return round(a / b, 3) if a and b else None
 
 
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--kind", default="cuda")
@@ -215,7 +240,8 @@ def main():
     lines += ["", "| row | kiln | PyTorch | kiln ÷ PyTorch |", "|---|---|---|---|"]
     for key, title in ROWS:
         row = results["rows"][key]
-        lines.append(f"| {title} | {cell(row['kiln'])} | {cell(row['pytorch'])} | {cell(row['ratio'], 2)} |")
+        digits = 2 if key.startswith("startup") else 1
+        lines.append(f"| {title} | {cell(row['kiln'], digits)} | {cell(row['pytorch'], digits)} | {cell(row['ratio'], 2)} |")
     lines += ["", "| step | status | seconds |", "|---|---|---|"]
     lines += [f"| {k} | {v['status']} | {v['seconds']} |" for k, v in results["steps"].items()]
     extras = []
