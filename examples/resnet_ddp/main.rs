@@ -68,10 +68,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         };
     }
+    let placement = format!(
+        "--devices {}, batch {} per replica",
+        args.devices, args.batch_size
+    );
     match run(args, process_start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err}");
+            let text = err.to_string();
+            eprintln!("error: {text}");
+            if let Some(hint) = startup::out_of_memory_hint(&text, &placement) {
+                eprintln!("{hint}");
+            }
             ExitCode::FAILURE
         }
     }

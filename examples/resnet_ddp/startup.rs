@@ -98,3 +98,45 @@ impl TrainObserver for ProfileMark {
         Ok(())
     }
 }
+
+/// What to change when a device ran out of memory: the backends report it as a panic or an
+/// error whose text names it (cubecl: "out of device memory"/`OutOfMemory`, Flex: the
+/// allocator), which reaches here as a replica's or stage's failure.
+pub fn out_of_memory_hint(error: &str, placement: &str) -> Option<String> {
+    let lower = error.to_ascii_lowercase();
+    let out_of_memory = [
+        "out of memory",
+        "out of device memory",
+        "outofmemory",
+        "memory allocation of",
+    ]
+    .iter()
+    .any(|sign| lower.contains(sign));
+    out_of_memory.then(|| {
+        format!(
+            "hint: a device ran out of memory ({placement}): lower --batch-size, train with --amp bf16, \
+             or give the planner --device-memory SIZE so it picks a plan that fits (a pipeline, \
+             gradient checkpointing)"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::out_of_memory_hint;
+
+    #[test]
+    fn out_of_memory_gets_a_hint_and_other_errors_do_not() {
+        let hint = out_of_memory_hint(
+            "replica 0 panicked: Io(OutOfMemory { size: 123 })",
+            "--devices cuda:0, batch 128 per replica",
+        )
+        .expect("a hint");
+        assert!(
+            hint.contains("cuda:0") && hint.contains("--batch-size"),
+            "{hint}"
+        );
+        assert!(out_of_memory_hint("CUDA error: out of device memory", "x").is_some());
+        assert!(out_of_memory_hint("replica 1 panicked: injected fault at step 10", "x").is_none());
+    }
+}
