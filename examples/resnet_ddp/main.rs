@@ -359,10 +359,10 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
             stopped.step
         );
     }
-    let batches = match plan.as_ref().map(|p| &p.layout) {
-        Some(Layout::DataParallel { batches }) => batches.clone(),
-        _ => vec![args.batch_size; outcomes.iter().map(|o| o.rank + 1).max().unwrap_or(0)],
-    };
+    // Each replica's batch: the plan's shares, else --batch-size (MPI: ranks over processes).
+    let batches = setup.planned_batches.clone().unwrap_or_else(|| {
+        vec![args.batch_size; outcomes.iter().map(|o| o.rank + 1).max().unwrap_or(0)]
+    });
     // The median step after the first (which warms up), of the slowest replica: steps in
     // lockstep, validation and start-up not counted, as the prediction does not.
     let median_step = outcomes

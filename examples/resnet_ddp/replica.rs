@@ -190,12 +190,11 @@ pub(crate) fn train_replica(
         builder = builder.observer(log);
     }
     if primary && let Some(file) = &args.profile_kernels {
-        builder = builder.observer(crate::startup::ProfileMark {
-            file: file.clone(),
-            after_steps: args.profile_warmup,
-            device: replica.device().clone(),
-            seen: 0,
-        });
+        builder = builder.observer(crate::startup::ProfileMark::new(
+            file.clone(),
+            args.profile_warmup,
+            replica.device().clone(),
+        ));
     }
     if primary {
         let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))

@@ -67,10 +67,22 @@ pub fn startup_line(
 /// cubecl's logger to write what it measured, then appends `kiln: steady state` to the
 /// profile, so that its reader can leave the warm-up (compilation, tuning) out.
 pub struct ProfileMark {
-    pub file: PathBuf,
-    pub after_steps: usize,
-    pub device: burn::tensor::Device,
-    pub seen: usize,
+    file: PathBuf,
+    after_steps: usize,
+    device: burn::tensor::Device,
+    seen: usize,
+}
+
+impl ProfileMark {
+    /// Marks `file` once `after_steps` steps on `device` are done.
+    pub fn new(file: PathBuf, after_steps: usize, device: burn::tensor::Device) -> Self {
+        Self {
+            file,
+            after_steps,
+            device,
+            seen: 0,
+        }
+    }
 }
 
 impl TrainObserver for ProfileMark {

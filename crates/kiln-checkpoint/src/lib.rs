@@ -42,6 +42,8 @@ mod checkpointer;
 #[cfg(test)]
 mod elastic_tests;
 mod error;
+#[cfg(test)]
+mod kill_tests;
 mod manifest;
 #[cfg(test)]
 mod neutral_tests;

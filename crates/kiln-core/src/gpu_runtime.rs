@@ -116,7 +116,7 @@ pub struct GpuRuntime {
 
 impl GpuRuntime {
     /// What was asked for beyond cubecl's own defaults (apart from kiln's kernel cache).
-    #[cfg_attr(any(feature = "cuda", feature = "wgpu"), allow(dead_code))]
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     fn asks_for_something(&self) -> Option<&'static str> {
         if self.cache != GpuCache::Default {
             Some("a GPU cache setting")

@@ -201,48 +201,13 @@ mod wgpu {
     }
 }
 
-/// One replica and its data-parallel step's synchronisation statistics and communicator
-/// operations during training (not counting the start's broadcast).
+/// One replica's parameters, synchronisation statistics and communicator operations.
 fn lone_run(setup: &Setup) -> (Vec<Vec<f32>>, crate::SyncStats, usize) {
-    use crate::DataParallel;
-    use crate::test_support::{TinyNet, optimizer, params};
-    use kiln_data::DataLoader;
-    use kiln_train::Trainer;
-
-    let mut runs = DataParallel::new(setup.devices.clone())
-        .config(setup.config.clone())
-        .run(|replica| {
-            let device = replica.train_device();
-            let model = replica.broadcast_module(TinyNet::build(&device, setup.batch_norm))?;
-            let loader = DataLoader::builder(data())
-                .batch_size(setup.batch / setup.micro)
-                .shuffle(4)
-                .shard(replica.rank(), replica.world_size())
-                .device(device)
-                .build();
-            let step = if setup.overlapped {
-                replica.overlapped_step()
-            } else {
-                replica.non_overlapped_step()
-            };
-            let stats = step.stats();
-            let before = replica.comm().operations();
-            let (model, _) = Trainer::builder(model, optimizer())
-                .schedule(kiln_train::LrSchedule::constant(setup.schedule.lr))
-                .gradient_step(step)
-                .train_loader(loader)
-                .accumulation_steps(setup.micro)
-                .max_steps(setup.schedule.steps)
-                .progress(false)
-                .log_epochs(false)
-                .build()?
-                .fit()?;
-            let operations = replica.comm().operations() - before;
-            let stats = *stats.lock().unwrap();
-            Ok((params(&model), stats, operations))
-        })
-        .unwrap();
-    runs.swap_remove(0)
+    let run = crate::test_support::replicated_runs(setup, |device| {
+        crate::test_support::TinyNet::build(device, setup.batch_norm)
+    })
+    .swap_remove(0);
+    (run.params, run.stats, run.operations)
 }
 
 /// A replica with no peers runs the plain step on either gradient path: no buckets, no

@@ -23,9 +23,6 @@ pub(crate) enum InFlight {
     Host(Range<usize>, Pending<Vec<f32>>),
     /// Through a device group (native or staged).
     Device(Range<usize>, PendingTensor<1>),
-    /// Nothing to reduce: a lone replica's uncompressed host bucket, already in place (a sum
-    /// over one rank is the value itself, bit for bit).
-    Alone,
 }
 
 /// What the buckets of a step came back as.
@@ -121,13 +118,6 @@ impl GradStore {
                     .expect("every device collective sums");
                 InFlight::Device(range, pending)
             }
-            GradStore::Host(_)
-                if wire.comm.world_size() == 1 && wire.compression == Compression::None =>
-            {
-                // Copying the bucket out and back (twice the gradients' bytes, on the
-                // replica's thread) would change nothing.
-                InFlight::Alone
-            }
             GradStore::Host(flat) => {
                 let count = std::iter::once(samples as f32);
                 let values = flat[range.clone()].iter().copied().chain(count);
@@ -184,7 +174,6 @@ impl GradStore {
                     };
                     reduced.push((range, bucket));
                 }
-                InFlight::Alone => {}
             }
         }
         Ok(Finished {

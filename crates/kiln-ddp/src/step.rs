@@ -21,7 +21,7 @@ use crate::consensus::{Selection, average, check_divergence};
 use crate::grads::{GradStore, grads_from_buckets};
 use crate::pass::{GroupSink, Pass, PassContext};
 use crate::plan::BucketPlan;
-use crate::reduce::{Finished, InFlight, Wire};
+use crate::reduce::{Finished, Wire};
 use crate::stats::SyncStats;
 use crate::zero::ZeroPlan;
 use crate::{Compression, DdpConfig, SyncMode};
@@ -283,28 +283,24 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
 
         let wait_start = Instant::now();
         let in_flight = bucketing.into_in_flight();
-        // Buckets that travel: a lone replica's host buckets stay where they are.
-        let buckets = in_flight
-            .iter()
-            .filter(|f| !matches!(f, InFlight::Alone))
-            .count();
-        let Finished {
-            reduced,
-            total,
-            communication,
-        } = if alone {
+        let buckets = in_flight.len();
+        let (
             Finished {
+                reduced,
+                total,
+                communication,
+            },
+            exposed,
+        ) = if alone {
+            let own = Finished {
                 reduced: store.entry_buckets(layout),
                 total: samples as f32,
                 communication: Duration::ZERO,
-            }
+            };
+            (own, Duration::ZERO)
         } else {
-            store.finish_reduce(in_flight, samples, wire)?
-        };
-        let exposed = if alone {
-            Duration::ZERO
-        } else {
-            wait_start.elapsed()
+            let finished = store.finish_reduce(in_flight, samples, wire)?;
+            (finished, wait_start.elapsed())
         };
         let device_buckets = if synchronous || alone {
             reduced

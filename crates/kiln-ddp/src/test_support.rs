@@ -351,6 +351,31 @@ where
     M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
     M::Hidden: std::ops::Add<Output = M::Hidden>,
 {
+    replicated_runs(setup, build)
+        .into_iter()
+        .map(|run| run.params)
+        .collect()
+}
+
+/// What one replica of [`replicated_runs`] ended with.
+pub(crate) struct ReplicaRun {
+    /// Its final parameters.
+    pub params: Vec<Vec<f32>>,
+    /// Its step's synchronisation statistics.
+    pub stats: crate::SyncStats,
+    /// Communicator operations submitted while training (the start's broadcast not counted).
+    pub operations: usize,
+}
+
+/// [`replicated_with`], with every replica's synchronisation statistics and operations.
+pub(crate) fn replicated_runs<M>(
+    setup: &Setup,
+    build: impl Fn(&Device) -> M + Sync,
+) -> Vec<ReplicaRun>
+where
+    M: ImageClassifier + Segmented<Input = Tensor<4>, Output = Tensor<2>>,
+    M::Hidden: std::ops::Add<Output = M::Hidden>,
+{
     let config = DdpConfig {
         precision: MixedPrecision::new(setup.schedule.precision),
         max_grad_norm: setup.schedule.max_grad_norm,
@@ -373,27 +398,30 @@ where
             if let Some(weights) = &setup.weights {
                 loader = loader.shard_weights(weights.clone());
             }
-            let builder = Trainer::builder(model, optimizer())
+            let step = if setup.overlapped {
+                replica.overlapped_step()
+            } else {
+                replica.non_overlapped_step()
+            };
+            let stats = step.stats();
+            let before = replica.comm().operations();
+            let (model, _) = Trainer::builder(model, optimizer())
                 .schedule(kiln_train::LrSchedule::constant(setup.schedule.lr))
+                .gradient_step(step)
                 .train_loader(loader.build())
                 .accumulation_steps(setup.micro)
                 .max_steps(setup.schedule.steps)
                 .progress(false)
-                .log_epochs(false);
-            let model = if setup.overlapped {
-                builder
-                    .gradient_step(replica.overlapped_step())
-                    .build()?
-                    .fit()?
-                    .0
-            } else {
-                builder
-                    .gradient_step(replica.non_overlapped_step())
-                    .build()?
-                    .fit()?
-                    .0
-            };
-            Ok(params(&model))
+                .log_epochs(false)
+                .build()?
+                .fit()?;
+            let operations = replica.comm().operations() - before;
+            let stats = *stats.lock().unwrap_or_else(|p| p.into_inner());
+            Ok(ReplicaRun {
+                params: params(&model),
+                stats,
+                operations,
+            })
         })
         .unwrap()
 }
