@@ -17,7 +17,7 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
 use kiln::amp::{AmpStats, MixedPrecision};
-use kiln::core::{DeviceSpec, init_module};
+use kiln::core::DeviceSpec;
 use kiln::data::{Cifar10, ImageSource, SyntheticImages, Transform};
 use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, SyncMode, SyncStats};
 use kiln::planner::Layout;
@@ -397,8 +397,10 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
 
 /// The model every run of the example trains (and the planner profiles), built seeded on
 /// `device`.
+/// The model of `--seed`, built on the CPU and forked to `device`: the same weights on every
+/// device kind (pipeline stages on different kinds start from one model).
 fn build_model(args: &Args, setup: &Setup, device: &burn::tensor::Device) -> ResNet {
-    init_module(device, args.seed, || {
+    kiln::core::init_on_host(device, args.seed, |device| {
         setup
             .model
             .clone()

@@ -237,6 +237,19 @@ fn check_splits(world: &Communicator) -> Result<usize, String> {
         checks += 1;
     }
     world.barrier().map_err(|e| e.to_string())?;
+    // The splits' communicators are freed with their handles: the world alone is held.
+    if let Communicator::Mpi(mpi) = world {
+        let held = |what| mpi.communicators_held().map_err(|e| format!("{what}: {e}"));
+        let before = held("with the splits")?;
+        drop((copies, pipeline));
+        let after = held("after dropping them")?;
+        if (before, after) != (3, 1) {
+            return Err(format!(
+                "communicators held: {before} with two splits, {after} after dropping them (want 3, 1)"
+            ));
+        }
+        checks += 1;
+    }
     Ok(checks)
 }
 

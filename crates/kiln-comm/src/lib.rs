@@ -68,6 +68,7 @@ mod mpi_messages;
 mod mpi_ordered;
 #[cfg(feature = "mpi")]
 mod mpi_p2p;
+mod mpi_tags;
 mod op;
 mod worker;
 

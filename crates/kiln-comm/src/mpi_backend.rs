@@ -36,14 +36,13 @@ type Job = Box<dyn FnOnce(&mut Registry) + Send>;
 /// The communicators the MPI thread holds: the world first, then the splits, each at the
 /// index its handles name.
 struct Registry {
-    comms: Vec<SimpleCommunicator>,
+    /// `None` where a split's last handle was dropped (its communicator freed).
+    comms: Vec<Option<SimpleCommunicator>>,
     /// The context the next split takes at least (see [`MpiCommunicator::split`]).
     next_context: u32,
 }
 
-/// Sub-communicators a process may make: their contexts keep message tags apart
-/// ([`MpiMessages`](crate::MpiMessages)) and must stay within MPI's tag range.
-pub(crate) const MAX_CONTEXTS: u32 = 512;
+pub(crate) use crate::mpi_tags::MAX_CONTEXTS;
 
 /// This process's rank of the MPI world, or of a group split from it
 /// ([`MpiCommunicator::split`]).
@@ -88,9 +87,10 @@ impl MpiCommunicator {
                 };
                 crate::mpi_p2p::set_thread_multiple(threading == mpi::Threading::Multiple);
                 let world = universe.world();
-                let _ = ready.send(Some((world.rank() as usize, world.size() as usize)));
+                let tags = crate::mpi_tags::tag_upper_bound(&world);
+                let _ = ready.send(Some((world.rank() as usize, world.size() as usize, tags)));
                 let mut registry = Registry {
-                    comms: vec![world],
+                    comms: vec![Some(world)],
                     next_context: 1,
                 };
                 while let Ok(job) = receive_jobs.recv() {
@@ -101,7 +101,7 @@ impl MpiCommunicator {
                 drop(registry);
             })
             .map_err(|e| CommError::Startup(format!("cannot spawn the MPI thread: {e}")))?;
-        let (rank, world_size) = match started.recv() {
+        let (rank, world_size, tags) = match started.recv() {
             Ok(Some(started)) => started,
             Ok(None) => {
                 return Err(CommError::Startup(
@@ -116,7 +116,7 @@ impl MpiCommunicator {
                 ));
             }
         };
-        Ok(crate::Communicator::Mpi(Self {
+        let world = Self {
             rank,
             world_size,
             timeout,
@@ -127,7 +127,11 @@ impl MpiCommunicator {
                 jobs: Some(jobs),
                 thread: Some(thread),
             }),
-        }))
+        };
+        // Every rank runs the same MPI, so every rank refuses alike (dropping the world
+        // finalises MPI).
+        crate::mpi_tags::check_tag_range(tags, &Self::library_version())?;
+        Ok(crate::Communicator::Mpi(world))
     }
 
     /// Splits this communicator's ranks into groups (`MPI_Comm_split`): the ranks that pass
@@ -158,21 +162,21 @@ impl MpiCommunicator {
             self.call_registry("split", move |registry| {
                 // A context no member uses yet: the largest any member of the parent would take.
                 let mut context = 0u32;
-                registry.comms[id].all_reduce_into(
+                registry.live(id).all_reduce_into(
                     &registry.next_context,
                     &mut context,
                     SystemOperation::max(),
                 );
                 registry.next_context = context + 1;
-                let parent = &registry.comms[id];
-                let world_rank = registry.comms[0].rank();
+                let parent = registry.live(id);
+                let world_rank = registry.live(0).rank();
                 let sub = parent
                     .split_by_color_with_key(Color::with_value(color), key)
                     .expect("a defined color always yields a communicator");
                 let mut members = vec![0i32; sub.size() as usize];
                 sub.all_gather_into(&world_rank, &mut members[..]);
                 let (rank, size) = (sub.rank() as usize, sub.size() as usize);
-                registry.comms.push(sub);
+                registry.comms.push(Some(sub));
                 let members: Vec<usize> = members.into_iter().map(|r| r as usize).collect();
                 (rank, size, registry.comms.len() - 1, context, members)
             })?;
@@ -245,7 +249,18 @@ impl MpiCommunicator {
         op: impl FnOnce(&SimpleCommunicator) -> T + Send + 'static,
     ) -> Result<T, CommError> {
         let id = self.id;
-        self.call_registry(name, move |registry| op(&registry.comms[id]))
+        self.call_registry(name, move |registry| op(registry.live(id)))
+    }
+
+    /// The communicators this process's MPI thread holds: the world and every split whose
+    /// handle is alive (a dropped split's communicator is freed).
+    ///
+    /// # Errors
+    /// [`CommError::PeerLost`] if the MPI thread stopped.
+    pub fn communicators_held(&self) -> Result<usize, CommError> {
+        self.call_registry("communicators_held", |registry| {
+            registry.comms.iter().flatten().count()
+        })
     }
 
     /// Runs `op` on the MPI thread, with its registry, and waits for its result.
@@ -478,6 +493,31 @@ fn system_op(op: ReduceOp) -> SystemOperation {
         ReduceOp::Sum | ReduceOp::Mean => SystemOperation::sum(),
         ReduceOp::Max => SystemOperation::max(),
         ReduceOp::Min => SystemOperation::min(),
+    }
+}
+
+impl Registry {
+    /// The communicator of a live handle.
+    fn live(&self, id: usize) -> &SimpleCommunicator {
+        self.comms[id]
+            .as_ref()
+            .expect("a handle's communicator is freed only when the handle drops")
+    }
+}
+
+impl Drop for MpiCommunicator {
+    /// A split's handle frees its communicator (`MPI_Comm_free`, on the MPI thread, after
+    /// the operations submitted before it); the world stays until the last handle goes.
+    fn drop(&mut self) {
+        if self.id == 0 {
+            return;
+        }
+        let id = self.id;
+        if let Some(jobs) = &self.thread.jobs {
+            let _ = jobs.send(Box::new(move |registry: &mut Registry| {
+                registry.comms[id] = None;
+            }));
+        }
     }
 }
 

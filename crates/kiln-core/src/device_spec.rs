@@ -52,7 +52,7 @@ pub const WGPU_FIX: &str = "no Vulkan, Metal, DX12 or GL adapter: install a GPU 
     software Vulkan driver for a CPU adapter (Debian: apt-get install mesa-vulkan-drivers \
     libvulkan1)";
 
-#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu-bare")), allow(dead_code))]
 /// What a machine with `available` devices of `kind` offers instead of a missing one; `fix`
 /// says how to get one when there is none.
 fn what_there_is(kind: &str, available: usize, fix: &str) -> String {
@@ -100,7 +100,7 @@ impl DeviceSpec {
                 })
             }
             DeviceSpec::Wgpu => {
-                #[cfg(feature = "wgpu")]
+                #[cfg(feature = "wgpu-bare")]
                 {
                     let available = Device::enumerate(burn::tensor::DeviceType::Wgpu)
                         .into_iter()
@@ -113,7 +113,7 @@ impl DeviceSpec {
                     }
                     Ok(Device::wgpu(burn::tensor::DeviceKind::default()))
                 }
-                #[cfg(not(feature = "wgpu"))]
+                #[cfg(not(feature = "wgpu-bare"))]
                 Err(DeviceSpecError::FeatureMissing {
                     spec: self.to_string(),
                     feature: "wgpu",

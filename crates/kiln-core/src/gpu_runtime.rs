@@ -78,6 +78,13 @@ pub enum GpuRuntimeError {
     /// A setting was asked for in a build without a GPU backend.
     #[error("{0} needs kiln built with `--features cuda` or `--features wgpu`")]
     NoGpuBackend(&'static str),
+    /// A setting the GPU backend of a `wgpu-bare` build lacks (it has no autotune and no
+    /// kernel cache).
+    #[error(
+        "{0} needs kiln built with `--features wgpu` (or `cuda`): this build has `wgpu-bare`, \
+         Burn's wgpu backend without autotune, fusion and the kernel cache"
+    )]
+    BareBackend(&'static str),
     /// The runtime had already read its settings (a GPU was used before).
     #[error("the GPU runtime's settings were already fixed: apply them before the first GPU use")]
     AlreadyFixed,
@@ -100,7 +107,7 @@ pub enum GpuRuntimeError {
 ///     autotune: Some(AutotuneLevel::Minimal),
 ///     ..GpuRuntime::default()
 /// };
-/// # #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+/// # #[cfg(not(any(feature = "cuda", feature = "wgpu-bare")))]
 /// # assert!(runtime.apply().is_err()); // asked for, but this build has no GPU backend
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -116,7 +123,7 @@ pub struct GpuRuntime {
 
 impl GpuRuntime {
     /// What was asked for beyond cubecl's own defaults (apart from kiln's kernel cache).
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    #[cfg(not(any(feature = "cuda", feature = "wgpu-bare")))]
     fn asks_for_something(&self) -> Option<&'static str> {
         if self.cache != GpuCache::Default {
             Some("a GPU cache setting")
@@ -133,6 +140,12 @@ impl GpuRuntime {
     /// build without a GPU backend it does nothing, unless a setting was asked for (then an
     /// error says so: no setting is silently ignored).
     pub fn apply(&self) -> Result<(), GpuRuntimeError> {
+        #[cfg(all(feature = "wgpu-bare", not(any(feature = "cuda", feature = "wgpu"))))]
+        if matches!(self.cache, GpuCache::Directory(_)) {
+            return Err(GpuRuntimeError::BareBackend("a GPU cache directory"));
+        } else if self.autotune.is_some() {
+            return Err(GpuRuntimeError::BareBackend("an autotune level"));
+        }
         if let GpuCache::Directory(path) = &self.cache {
             std::fs::create_dir_all(path).map_err(|err| GpuRuntimeError::CacheDirectory {
                 path: path.clone(),
@@ -142,7 +155,7 @@ impl GpuRuntime {
         self.apply_to_backend()
     }
 
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    #[cfg(not(any(feature = "cuda", feature = "wgpu-bare")))]
     fn apply_to_backend(&self) -> Result<(), GpuRuntimeError> {
         match self.asks_for_something() {
             Some(what) => Err(GpuRuntimeError::NoGpuBackend(what)),
@@ -150,15 +163,18 @@ impl GpuRuntime {
         }
     }
 
-    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    #[cfg(any(feature = "cuda", feature = "wgpu-bare"))]
     fn apply_to_backend(&self) -> Result<(), GpuRuntimeError> {
         use cubecl_runtime::config::autotune::AutotuneLevel as Level;
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
         use cubecl_runtime::config::cache::CacheConfig;
         use cubecl_runtime::config::profiling::ProfilingLogLevel;
         use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 
         // A user's cubecl.toml and CUBECL_* variables first, then what kiln was asked for.
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        // A `wgpu-bare` build has no cache to turn on or off (`apply` refused a directory).
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
         match &self.cache {
             GpuCache::Default => config.compilation.cache = true,
             GpuCache::Directory(path) => {
@@ -210,7 +226,7 @@ mod tests {
         assert!("".parse::<GpuCache>().is_err());
     }
 
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    #[cfg(not(any(feature = "cuda", feature = "wgpu-bare")))]
     #[test]
     fn a_cpu_build_refuses_gpu_settings_instead_of_ignoring_them() {
         assert_eq!(GpuRuntime::default().apply(), Ok(()));

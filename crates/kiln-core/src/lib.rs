@@ -45,7 +45,7 @@ pub use forward::Forward;
 pub use freed_memory::{FreedMemoryError, retain_freed_memory};
 pub use panic::panic_message;
 pub use params::{ParamInfo, param_infos, segment_param_infos};
-pub use seed::{init_module, with_seed};
+pub use seed::{init_module, init_on_host, with_seed};
 pub use segment::{Activation, SegmentId, Segmented, forward_segments};
 pub use sync_norm::{
     StatsReducer, StatsTape, sync_batch_norm, sync_batch_norm_active, update_running_statistics,

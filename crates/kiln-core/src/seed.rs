@@ -58,3 +58,28 @@ pub fn init_module<M: Module>(device: &Device, seed: u64, init: impl FnOnce() ->
         module
     })
 }
+
+/// Builds a module with `init` from `seed` on the CPU (Flex, with `device`'s autodiff
+/// context) and forks it to `device`: the same weights for a seed on every device kind.
+/// [`init_module`] on a GPU draws from that GPU's generator, so a CUDA or wgpu build of
+/// the same seed differs from the CPU's; a pipeline whose stages sit on different kinds
+/// builds each stage with this, so that its stages start from one model.
+///
+/// ```
+/// use burn::nn::LinearConfig;
+/// use burn::tensor::Device;
+/// let device = Device::flex().autodiff();
+/// let on_host = kiln_core::init_on_host(&device, 3, |d| LinearConfig::new(4, 2).init(d));
+/// let direct = kiln_core::init_module(&device, 3, || LinearConfig::new(4, 2).init(&device));
+/// assert_eq!(on_host.weight.val().into_data(), direct.weight.val().into_data());
+/// assert!(on_host.weight.val().is_require_grad(), "still trainable");
+/// ```
+pub fn init_on_host<M: Module>(device: &Device, seed: u64, init: impl FnOnce(&Device) -> M) -> M {
+    let host = Device::flex().with_autodiff_context_from(device);
+    let module = init_module(&host, seed, || init(&host));
+    if host == *device {
+        module
+    } else {
+        module.fork(device)
+    }
+}

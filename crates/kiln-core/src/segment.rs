@@ -51,6 +51,15 @@ pub trait Activation: Clone + Send + 'static {
         let _ = (parts, device);
         None
     }
+    /// The value on `device`'s compute resource, outside any graph, in its own dtype, and
+    /// tracked by autodiff exactly when it was (as [`Tensor::to_device`]): how a pipeline
+    /// stage's output reaches a stage on another device, and its gradient comes back.
+    /// `None` (the default) when the type cannot move (implement it to let stages on
+    /// different devices pass it).
+    fn to_device(self, device: &Device) -> Option<Self> {
+        let _ = device;
+        None
+    }
 }
 
 impl<const D: usize> Activation for Tensor<D> {
@@ -78,6 +87,12 @@ impl<const D: usize> Activation for Tensor<D> {
         let [data] = <[TensorData; 1]>::try_from(parts).ok()?;
         let dtype = data.dtype();
         (data.shape().len() == D).then(|| Tensor::from_data(data, (device, dtype)))
+    }
+
+    fn to_device(self, device: &Device) -> Option<Self> {
+        // Detached first: moving a tensor in a graph would record the move in the sender's
+        // graph, which the receiver cuts off anyway.
+        Some(Tensor::to_device(self.detach(), device))
     }
 }
 

@@ -137,7 +137,7 @@ mod cuda {
 /// `cargo test -p kiln-ddp --features wgpu -- --ignored wgpu`. Every data-parallel step
 /// runs Burn's own kernels there (kiln's CPU kernels are Flex's only), so this checks that
 /// kiln's synchronisation is backend-neutral.
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "wgpu-bare")]
 mod wgpu {
     use burn::tensor::{Device, DeviceKind};
     use kiln_amp::Precision;

@@ -110,6 +110,13 @@ impl Batch for Rows {
             targets: self.targets.clone().slice([range]),
         }
     }
+
+    fn to_device(&self, device: &Device) -> Option<Self> {
+        Some(Rows {
+            features: self.features.clone().to_device(device),
+            targets: self.targets.clone().to_device(device),
+        })
+    }
 }
 
 /// Mean squared error × `scale` (1 is the plain loss; another scale is a different loss,

@@ -49,6 +49,16 @@ pub trait Batch: Clone + Send + 'static {
 
     /// Samples `range` of the batch (`range.end <= self.samples()`), in order.
     fn slice(&self, range: Range<usize>) -> Self;
+
+    /// The batch on `device`'s compute resource, each tensor tracked by autodiff exactly
+    /// when it was (as [`Tensor::to_device`](burn::tensor::Tensor::to_device)): a pipeline
+    /// whose stages sit on different devices moves the first stage's inputs and the last
+    /// stage's targets to them. `None` (the default) when the type cannot move; such a
+    /// pipeline then stops at its first step with an error that says so.
+    fn to_device(&self, device: &Device) -> Option<Self> {
+        let _ = device;
+        None
+    }
 }
 
 impl Batch for ImageBatch {
@@ -62,6 +72,14 @@ impl Batch for ImageBatch {
             labels: self.labels.clone().slice([range.clone()]),
             indices: self.indices[range].to_vec(),
         }
+    }
+
+    fn to_device(&self, device: &Device) -> Option<Self> {
+        Some(ImageBatch {
+            images: self.images.clone().to_device(device),
+            labels: self.labels.clone().to_device(device),
+            indices: self.indices.clone(),
+        })
     }
 }
 

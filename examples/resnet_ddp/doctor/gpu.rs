@@ -1,13 +1,13 @@
 //! CUDA's libraries and devices, wgpu's adapters.
 
 use std::path::{Path, PathBuf};
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg(any(feature = "cuda", feature = "wgpu-bare"))]
 use std::time::Duration;
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg(any(feature = "cuda", feature = "wgpu-bare"))]
 use burn::tensor::Device;
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg(any(feature = "cuda", feature = "wgpu-bare"))]
 use super::report::bounded;
 use super::report::{Row, Status, row};
 
@@ -122,7 +122,7 @@ pub(super) fn gpu_rows() -> Vec<Row> {
             "cargo xtask cuda-llvm, then cargo build --release --features cuda --example resnet_ddp",
         ));
     }
-    #[cfg(feature = "wgpu")]
+    #[cfg(feature = "wgpu-bare")]
     {
         rows.push(wgpu_adapter_row());
         rows.push(backend_row(
@@ -131,13 +131,13 @@ pub(super) fn gpu_rows() -> Vec<Row> {
             kiln::core::WGPU_FIX,
         ));
     }
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(not(feature = "wgpu-bare"))]
     rows.push(row("wgpu", Status::Skip, "not built in").fix("build with --features wgpu"));
     rows
 }
 
 /// The devices Burn enumerates for `kind`, each named by opening it.
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg(any(feature = "cuda", feature = "wgpu-bare"))]
 fn backend_row(area: &'static str, kind: burn::tensor::DeviceType, fix: &str) -> Row {
     let listed = bounded(Duration::from_secs(120), move || {
         Device::enumerate(kind)
@@ -163,7 +163,7 @@ fn backend_row(area: &'static str, kind: burn::tensor::DeviceType, fix: &str) ->
 
 /// Every adapter wgpu sees, with its graphics API and kind: without a Vulkan driver wgpu
 /// falls back to GL (llvmpipe on a CPU), which Burn's kernels run on slowly, if at all.
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "wgpu-bare")]
 fn wgpu_adapter_row() -> Row {
     use burn::backend::wgpu::wgpu;
     use std::future::Future;

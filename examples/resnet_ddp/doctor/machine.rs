@@ -33,7 +33,12 @@ pub(super) fn build_rows() -> Vec<Row> {
     };
     let features = [
         feature(cfg!(feature = "cuda"), "cuda"),
-        feature(cfg!(feature = "wgpu"), "wgpu"),
+        // `wgpu-bare`: the backend without autotune, fusion and the kernel cache (CI's build).
+        if cfg!(feature = "wgpu") {
+            feature(true, "wgpu")
+        } else {
+            feature(cfg!(feature = "wgpu-bare"), "wgpu-bare")
+        },
         feature(cfg!(feature = "mpi"), "mpi"),
     ]
     .join(" ");

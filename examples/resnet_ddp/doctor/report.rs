@@ -9,7 +9,7 @@ use kiln::core::panic_message;
 pub(super) enum Status {
     Ok,
     /// Works, with a caveat.
-    #[cfg_attr(not(any(feature = "mpi", feature = "wgpu")), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mpi", feature = "wgpu-bare")), allow(dead_code))]
     Note,
     /// Not built in or not applicable here.
     Skip,

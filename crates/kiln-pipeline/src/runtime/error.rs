@@ -44,6 +44,18 @@ pub enum PipelineError {
         /// What it waited for.
         what: String,
     },
+    /// A value could not move from one stage's device to the next's.
+    #[error("moving {what} from stage {from}'s device to stage {to}'s failed: {why}")]
+    Transfer {
+        /// The sending stage.
+        from: usize,
+        /// The receiving stage.
+        to: usize,
+        /// What was moving.
+        what: String,
+        /// Why it failed.
+        why: String,
+    },
     /// A checkpoint could not be written, or the run could not resume from one.
     #[error("checkpoint: {0}")]
     Checkpoint(String),

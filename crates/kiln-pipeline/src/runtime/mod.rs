@@ -16,6 +16,7 @@ mod report;
 mod stage;
 mod stage_start;
 mod train;
+mod transfer;
 #[cfg(any(feature = "mpi", test))]
 mod wire;
 mod worker;
@@ -39,3 +40,5 @@ mod run_tests;
 mod test_support;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transfer_tests;

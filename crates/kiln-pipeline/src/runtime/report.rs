@@ -70,14 +70,16 @@ impl PipelineReport {
 /// stages that only lost it).
 ///
 /// `results` are this process's stage threads', `threads` their indices in (group, stage)
-/// order over all processes.
+/// order over all processes; `helpers` the errors of the threads that serve them.
 pub(crate) fn finish<M: Segmented>(
     driven: Result<Driven, PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
+    helpers: Vec<PipelineError>,
     threads: &[usize],
     plan: &Schedule,
 ) -> Result<PipelineReport, PipelineError> {
-    let mut errors = Vec::new();
+    // What the stages' helper threads (couriers, links to other processes) failed with.
+    let mut errors = helpers;
     let mut trained = Vec::with_capacity(results.len());
     for (result, &thread) in results.into_iter().zip(threads) {
         match result {

@@ -7,14 +7,15 @@ use burn::module::Module;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln_core::{ImageClassifier, init_module, param_infos, read_params};
+use kiln_core::{ImageClassifier, init_on_host, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 use kiln_train::{GradientStep, TrainReport, TrainerBuilder};
 
-/// ResNet-18 of base width 2 (CIFAR stem, 4 classes), seeded.
+/// ResNet-18 of base width 2 (CIFAR stem, 4 classes), seeded, built on the CPU and forked
+/// to `device` (the same weights on every device kind).
 pub(crate) fn resnet(device: &Device, seed: u64) -> ResNet {
-    init_module(device, seed, || {
+    init_on_host(device, seed, |device| {
         ResNetConfig::resnet18(4)
             .with_stem(StemKind::Cifar)
             .with_base_width(2)

@@ -18,6 +18,7 @@ use crate::runtime::groups::{StageGroups, stage_groups};
 use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::report::{PipelineReport, finish};
 use crate::runtime::stage_start::StageStart;
+use crate::runtime::transfer;
 use crate::runtime::worker::{Links, StepData};
 use crate::runtime::{PipelineConfig, PipelineError};
 use crate::schedule::Schedule;
@@ -67,6 +68,10 @@ pub struct Pipeline<O: Objective = Classification> {
     log_epochs: bool,
     /// With stages in other processes: the MPI world, one stage per process.
     processes: Option<Communicator>,
+    /// Tests: every neighbouring pair of stages through a courier, even on one device (the
+    /// CPU-only tests run the cross-device path so).
+    #[cfg(test)]
+    pub(crate) couriers_always: bool,
 }
 
 /// Where validation batches come from.
@@ -95,6 +100,8 @@ impl<O: Objective> Pipeline<O> {
             valid: Mutex::new(None),
             log_epochs: false,
             processes: None,
+            #[cfg(test)]
+            couriers_always: false,
         }
     }
 
@@ -282,7 +289,25 @@ impl<O: Objective> Pipeline<O> {
         if let Some(world) = &self.processes {
             writes = writes.across(world, abort.flag());
         }
+        // Stages on several devices (in this process): the micro-batches move to the first
+        // and last stages' devices, and values between stages to the receiver's.
+        let train_devices: Vec<Device> = self
+            .devices
+            .iter()
+            .map(|device| self.config.train_device(device))
+            .collect();
+        #[cfg(test)]
+        let always = self.couriers_always;
+        #[cfg(not(test))]
+        let always = false;
+        let mixed = self.processes.is_none() && (always || transfer::mixed(&train_devices));
         std::thread::scope(|scope| {
+            // Sends between stages on different devices go through couriers that move them.
+            let (mut routes, couriers) = if mixed {
+                transfer::routes(scope, &peers, &train_devices, &abort, always)
+            } else {
+                (Vec::new(), Vec::new())
+            };
             // Across processes, the local stage's sends to the others go through link threads.
             #[cfg(feature = "mpi")]
             let mut linked = None;
@@ -316,7 +341,7 @@ impl<O: Objective> Pipeline<O> {
                     let (group, index) = (thread / stages, thread % stages);
                     let start = StageStart {
                         index,
-                        device: self.config.train_device(&self.devices[thread]),
+                        device: train_devices[thread].clone(),
                         threads,
                         warm,
                         build: &build,
@@ -326,13 +351,18 @@ impl<O: Objective> Pipeline<O> {
                         plan: &plan,
                         links: Links {
                             mailbox: Mailbox::new(index, inbox, self.config.timeout, abort.clone()),
-                            peers: peers[group].clone(),
+                            peers: routes
+                                .get_mut(thread)
+                                .map(std::mem::take)
+                                .unwrap_or_else(|| peers[group].clone()),
                             replicas,
                             pipeline,
                             thread,
                             // The pipelines mirror each other: the first one's stages save.
                             parts: (self.checkpointer.is_some() && group == 0)
                                 .then(|| part_sender.clone()),
+                            batches_to: (mixed && (index == 0 || index + 1 == stages))
+                                .then(|| train_devices[thread].clone()),
                         },
                         resume: self.resume.as_ref(),
                         steps,
@@ -382,13 +412,23 @@ impl<O: Objective> Pipeline<O> {
                     })
                 }));
             }
+            let mut helpers = Vec::new();
+            for courier in couriers {
+                let moved = courier.join().unwrap_or_else(|panic| {
+                    Err(PipelineError::Stage {
+                        stage: 0,
+                        message: format!("a courier thread: {}", panic_message(&*panic)),
+                    })
+                });
+                helpers.extend(moved.err());
+            }
             #[cfg(feature = "mpi")]
             if let Some(guard) = linked
                 && let Err(err) = guard.finish()
             {
-                results.push(Err(err));
+                helpers.push(err);
             }
-            let report = finish(driven, results, &local, &plan);
+            let report = finish(driven, results, helpers, &local, &plan);
             self.across_processes_end(report, across.as_ref())
         })
     }

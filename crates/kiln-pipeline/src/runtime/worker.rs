@@ -78,6 +78,9 @@ pub(crate) struct Links<'a, H> {
     pub thread: usize,
     /// Where the stage's checkpoint parts go (the first pipeline's stages, with checkpoints).
     pub parts: Option<PartSender>,
+    /// Its device, when it reads batches (the first and the last stage) and the pipeline's
+    /// stages sit on several devices: the micro-batches move there (`transfer.rs`).
+    pub batches_to: Option<burn::tensor::Device>,
 }
 
 /// Runs `stage`'s part of `schedule` for every step the driver sends, until it stops
@@ -103,7 +106,10 @@ where
         .replicas
         .take()
         .map(|replicas| CopiesReduce::new(replicas, &stage, schedule, index));
-    while let Ok(data) = steps.recv() {
+    while let Ok(mut data) = steps.recv() {
+        if let Some(device) = &links.batches_to {
+            data.move_batches(device, index)?;
+        }
         if data.evaluate {
             let report = evaluate(index, (&stage, objective), schedule, &mut links, &data)?;
             if done.send(report).is_err() {
