@@ -239,6 +239,11 @@ fn check_splits(world: &Communicator) -> Result<usize, String> {
     world.barrier().map_err(|e| e.to_string())?;
     // The splits' communicators are freed with their handles: the world alone is held.
     if let Communicator::Mpi(mpi) = world {
+        // The tag bound was read (and checked at start against kiln's tags, up to 2^25).
+        match mpi.largest_tag() {
+            Some(largest) if largest >= 1 << 25 => checks += 1,
+            other => return Err(format!("MPI_TAG_UB: {other:?}")),
+        }
         let held = |what| mpi.communicators_held().map_err(|e| format!("{what}: {e}"));
         let before = held("with the splits")?;
         drop((copies, pipeline));

@@ -64,6 +64,8 @@ pub struct MpiCommunicator {
 /// The thread that owns MPI; the last handle to go stops it (which finalises MPI).
 #[derive(Debug)]
 struct MpiThread {
+    /// `MPI_TAG_UB`: the largest message tag this MPI allows (`None` if it does not say).
+    largest_tag: Option<i64>,
     jobs: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -124,6 +126,7 @@ impl MpiCommunicator {
             context: 0,
             members: (0..world_size).collect(),
             thread: Arc::new(MpiThread {
+                largest_tag: tags,
                 jobs: Some(jobs),
                 thread: Some(thread),
             }),
@@ -250,6 +253,12 @@ impl MpiCommunicator {
     ) -> Result<T, CommError> {
         let id = self.id;
         self.call_registry(name, move |registry| op(registry.live(id)))
+    }
+
+    /// The largest message tag this MPI allows (`MPI_TAG_UB`; `None` if it does not say):
+    /// checked against kiln's tags when the world starts.
+    pub fn largest_tag(&self) -> Option<i64> {
+        self.thread.largest_tag
     }
 
     /// The communicators this process's MPI thread holds: the world and every split whose
