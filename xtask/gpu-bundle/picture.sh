@@ -111,6 +111,12 @@ fi
 step bf16 120 "${kiln[@]}" --devices "$dev" "${model[@]}" --amp bf16
 step shared 60 "${kiln[@]}" --devices "$pair" "${model[@]}" --gradient-path device
 step pipeline 90 "$bin" --quiet "${gpu[@]}" --pipeline 2 --devices "$pair" "${pipe[@]}"
+# Stages on two GPUs, when the node has them (activations and gradients cross devices).
+if [ "$kind" != cpu ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ]; then
+  step pipeline-two 90 "$bin" --quiet "${gpu[@]}" --pipeline 2 --devices cuda:0,cuda:1 "${pipe[@]}"
+else
+  printf 'pipeline-two\tskipped\t0\n' >> "$out/steps.tsv"
+fi
 if [ "$kind" = cpu ]; then
   # A CPU build has no kernel profile (GPU kernels only): refused, rightly.
   printf 'profile\tskipped\t0\n' >> "$out/steps.tsv"

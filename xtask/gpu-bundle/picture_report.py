@@ -20,6 +20,7 @@ ROWS = [
     ("bf16", "bf16 (kiln --amp bf16 vs PyTorch autocast), img/s"),
     ("shared", "2 replicas sharing the device, img/s (all)"),
     ("pipeline", "2-stage pipeline sharing the device, img/s"),
+    ("pipeline_two", "2-stage pipeline on two GPUs (cuda:0,cuda:1), img/s"),
     ("cpu_1", "CPU, 1 replica x all cores, img/s"),
     ("cpu_2", "CPU, 2 replicas x half the cores, img/s"),
 ]
@@ -196,6 +197,7 @@ def main():
         "bf16": kiln_run(out, "bf16", gpu_batch),
         "shared": kiln_run(out, "shared", gpu_batch),
         "pipeline": pipeline_run(out, "pipeline", 2 * gpu_batch),
+        "pipeline_two": pipeline_run(out, "pipeline-two", 2 * gpu_batch),
         "cpu_1": kiln_run(out, "cpu-1", cpu_batch),
         "cpu_2": kiln_run(out, "cpu-2", cpu_batch),
     }
@@ -215,6 +217,7 @@ def main():
         "bf16": (ips(kiln["bf16"]), ips(torch["bf16"])),
         "shared": (ips(kiln["shared"]), None),
         "pipeline": (ips(kiln["pipeline"]), None),
+        "pipeline_two": (ips(kiln["pipeline_two"]), None),
         "cpu_1": (ips(kiln["cpu_1"]), ips(torch["cpu-1"])),
         "cpu_2": (ips(kiln["cpu_2"]), ips(torch["cpu-2"])),
     }
