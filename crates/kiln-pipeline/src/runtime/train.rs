@@ -296,10 +296,7 @@ impl<O: Objective> Pipeline<O> {
             .iter()
             .map(|device| self.config.train_device(device))
             .collect();
-        #[cfg(test)]
-        let always = self.couriers_always;
-        #[cfg(not(test))]
-        let always = false;
+        let always = self.couriers_always();
         let mixed = self.processes.is_none() && (always || transfer::mixed(&train_devices));
         std::thread::scope(|scope| {
             // Sends between stages on different devices go through couriers that move them.
@@ -412,22 +409,10 @@ impl<O: Objective> Pipeline<O> {
                     })
                 }));
             }
-            let mut helpers = Vec::new();
-            for courier in couriers {
-                let moved = courier.join().unwrap_or_else(|panic| {
-                    Err(PipelineError::Stage {
-                        stage: 0,
-                        message: format!("a courier thread: {}", panic_message(&*panic)),
-                    })
-                });
-                helpers.extend(moved.err());
-            }
+            #[cfg_attr(not(feature = "mpi"), allow(unused_mut))]
+            let mut helpers = transfer::join(couriers);
             #[cfg(feature = "mpi")]
-            if let Some(guard) = linked
-                && let Err(err) = guard.finish()
-            {
-                helpers.push(err);
-            }
+            helpers.extend(linked.and_then(|guard| guard.finish().err()));
             let report = finish(driven, results, helpers, &local, &plan);
             self.across_processes_end(report, across.as_ref())
         })
@@ -435,6 +420,14 @@ impl<O: Objective> Pipeline<O> {
 }
 
 impl<O: Objective> Pipeline<O> {
+    /// Whether every neighbouring pair of stages sends through a courier (tests only).
+    fn couriers_always(&self) -> bool {
+        #[cfg(test)]
+        return self.couriers_always;
+        #[cfg(not(test))]
+        false
+    }
+
     /// Refuses what does not run across processes yet.
     fn refuse_across_processes(
         &self,

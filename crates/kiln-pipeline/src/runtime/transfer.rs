@@ -84,6 +84,22 @@ pub(crate) fn routes<'scope, H: Activation>(
     (routes, couriers)
 }
 
+/// Waits for the couriers (each ends when its sending stage is done): their errors.
+pub(crate) fn join(couriers: Couriers<'_>) -> Vec<PipelineError> {
+    couriers
+        .into_iter()
+        .filter_map(|courier| {
+            let moved = courier.join().unwrap_or_else(|panic| {
+                Err(PipelineError::Stage {
+                    stage: 0,
+                    message: format!("a courier thread: {}", kiln_core::panic_message(&*panic)),
+                })
+            });
+            moved.err()
+        })
+        .collect()
+}
+
 /// Moves what one stage sends another to the receiver's device.
 struct Courier<H> {
     inbox: Receiver<Message<H>>,
