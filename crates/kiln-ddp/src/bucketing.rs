@@ -12,6 +12,8 @@ pub(crate) struct Bucketing<'a> {
     wire: Wire<'a>,
     samples: usize,
     in_flight: Vec<InFlight>,
+    /// Buckets started while backward still had groups to run.
+    during_backward: usize,
 }
 
 impl<'a> Bucketing<'a> {
@@ -22,7 +24,14 @@ impl<'a> Bucketing<'a> {
             wire,
             samples,
             in_flight: Vec::with_capacity(plan.buckets().len()),
+            during_backward: 0,
         }
+    }
+
+    /// Buckets whose all-reduce started before backward's last group was done: what can
+    /// overlap backward, whatever the timing.
+    pub(crate) fn during_backward(&self) -> usize {
+        self.during_backward
     }
 
     /// The buckets started so far, in plan order.
@@ -39,6 +48,9 @@ impl GroupSink for Bucketing<'_> {
             let flight =
                 store.start_reduce(self.plan.layout(), bucket.clone(), self.samples, self.wire);
             self.in_flight.push(flight);
+        }
+        if group + 1 < self.plan.groups() {
+            self.during_backward += ready.saturating_sub(started);
         }
     }
 }

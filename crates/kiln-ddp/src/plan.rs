@@ -66,6 +66,11 @@ impl BucketPlan {
         &self.buckets
     }
 
+    /// Backward groups (segments, last first).
+    pub fn groups(&self) -> usize {
+        self.group_ends.len()
+    }
+
     /// How many buckets are complete once backward group `group` (0 = the first to run)
     /// has finished.
     pub fn ready_after_group(&self, group: usize) -> usize {

@@ -15,6 +15,10 @@ pub struct SyncStats {
     pub exposed: Duration,
     /// Buckets all-reduced.
     pub buckets: usize,
+    /// Buckets whose all-reduce started while backward still had segments to run: the
+    /// overlap's opportunity, fixed by the model and the bucket plan (how much of the
+    /// communication it hid is [`SyncStats::hidden_fraction`], a matter of timing).
+    pub buckets_during_backward: usize,
     /// Bytes sent into all-reduce (per replica).
     pub bytes: usize,
     /// With ZeRO-1: (parameters whose optimizer state this replica keeps, all parameters).

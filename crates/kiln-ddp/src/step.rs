@@ -282,6 +282,7 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
         let compute = compute_start.elapsed();
 
         let wait_start = Instant::now();
+        let during_backward = bucketing.during_backward();
         let in_flight = bucketing.into_in_flight();
         let buckets = in_flight.len();
         let (
@@ -327,6 +328,7 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
             stats.communication += communication;
             stats.exposed += exposed;
             stats.buckets += buckets;
+            stats.buckets_during_backward += during_backward;
             if synchronous && buckets > 0 {
                 let element = match self.config.compression {
                     Compression::None => 4,

@@ -125,10 +125,31 @@ fn wrong_updates_exceed_the_equivalence_tolerances() {
     }
 }
 
-/// Backward of a many-segment model with small buckets: the early buckets are reduced while
-/// later segments still differentiate, so part of the communication is hidden.
+/// Backward of a many-segment model with small buckets: the early buckets start their
+/// all-reduce while later segments still differentiate. Asserted on what the step submits,
+/// not on timing (how much was hidden depends on the machine's load: under a loaded 2-core
+/// machine a test of `hidden_fraction() > 0` failed in 2 of 20 suite runs; the benchmarks
+/// measure it). The control: the non-overlapped step starts every bucket after backward.
 #[test]
 fn small_buckets_overlap_communication_with_backward() {
+    let overlapped = bucket_stats(true);
+    for (rank, stats) in overlapped.iter().enumerate() {
+        assert!(stats.buckets >= 4 * 3, "rank {rank}: {stats:?}");
+        assert!(!stats.communication.is_zero(), "rank {rank}: {stats:?}");
+        assert!(
+            stats.buckets_during_backward >= stats.buckets / 2,
+            "rank {rank}: too few buckets started during backward: {stats:?}"
+        );
+    }
+    for (rank, stats) in bucket_stats(false).iter().enumerate() {
+        assert!(stats.buckets > 0, "control, rank {rank}: {stats:?}");
+        assert_eq!(stats.buckets_during_backward, 0, "control, rank {rank}");
+    }
+}
+
+/// Two replicas' synchronisation statistics after 3 steps with small buckets, the step
+/// overlapped with backward segment by segment or not.
+fn bucket_stats(overlapped: bool) -> Vec<crate::SyncStats> {
     const STEPS: usize = 3;
     let stats = DataParallel::new(vec![Device::flex(); 2])
         .config(DdpConfig {
@@ -151,7 +172,11 @@ fn small_buckets_overlap_communication_with_backward() {
                 .shard(replica.rank(), 2)
                 .device(device)
                 .build();
-            let step = replica.overlapped_step();
+            let step = if overlapped {
+                replica.overlapped_step()
+            } else {
+                replica.non_overlapped_step()
+            };
             let stats = step.stats();
             Trainer::builder(model, optimizer())
                 .gradient_step(step)
@@ -165,15 +190,8 @@ fn small_buckets_overlap_communication_with_backward() {
             Ok(stats)
         })
         .unwrap();
-    for (rank, stats) in stats.iter().enumerate() {
-        assert_eq!(stats.steps, STEPS);
-        assert!(stats.buckets >= 4 * STEPS, "rank {rank}: {stats:?}");
-        assert!(!stats.communication.is_zero(), "rank {rank}: {stats:?}");
-        assert!(
-            stats.hidden_fraction() > 0.0,
-            "rank {rank}: nothing hidden: {stats:?}"
-        );
-    }
+    assert!(stats.iter().all(|s| s.steps == STEPS), "{stats:?}");
+    stats
 }
 
 /// The single-device reference for two replicas with `batches` and shard `weights`: each
