@@ -46,6 +46,20 @@ fn thread_count(text: &str) -> Result<usize, String> {
     }
 }
 
+/// Loader worker threads: 0 (load on the training thread) up to 8 per core, at least 64 (a
+/// worker is a thread; 100000 of them exhausted the process instead of an error).
+fn worker_count(text: &str) -> Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let most = (8 * cores).max(64);
+    match text.parse::<usize>() {
+        Ok(count) if count > most => Err(format!(
+            "{count} loader workers, but at most {most} on this machine's {cores} cores"
+        )),
+        Ok(count) => Ok(count),
+        Err(err) => Err(format!("not a count: {err}")),
+    }
+}
+
 /// Gradient element type on the wire.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompressionArg {
@@ -227,8 +241,8 @@ pub struct Args {
     /// Synthetic training samples (without --data).
     #[arg(long, default_value_t = 6_400, value_parser = positive())]
     pub synthetic_samples: usize,
-    /// Loader worker threads.
-    #[arg(long, default_value_t = 1)]
+    /// Loader worker threads (0: load on the training thread; at most 8 per core, 64 at least).
+    #[arg(long, default_value_t = 1, value_parser = worker_count)]
     pub workers: usize,
     /// Batches each worker prepares ahead.
     #[arg(long, default_value_t = 2, value_parser = positive())]
@@ -375,6 +389,21 @@ fn plan_text(plan: &PlanRequest) -> String {
 
 /// Refuses option combinations that would otherwise be silently ignored.
 pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
+    // cubecl's profiler times GPU kernels only: a run on CPU devices would leave the file empty.
+    let on_a_gpu = kiln::core::DeviceSpec::parse_list(&args.devices)
+        .map(|specs| {
+            specs
+                .iter()
+                .any(|s| !matches!(s, kiln::core::DeviceSpec::Cpu(_)))
+        })
+        .unwrap_or(true); // a bad --devices is refused with its own message
+    if args.profile_kernels.is_some() && !on_a_gpu {
+        return Err(format!(
+            "--profile-kernels times GPU kernels, and --devices {} names none (CPU devices run \
+             Burn's and kiln's CPU kernels, which it does not see)",
+            args.devices
+        ));
+    }
     if args.local_sgd.is_some() && args.zero1 {
         return Err(
             "--local-sgd and --zero1 conflict: ZeRO-1 shards the optimizer of a synchronous step"

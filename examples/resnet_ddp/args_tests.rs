@@ -38,6 +38,7 @@ fn out_of_range_values_are_refused_when_parsing() {
         ["--lr", "0"],
         ["--autotune-level", "fast"],
         ["--gpu-cache", ""],
+        ["--workers", "100000"],
     ] {
         let error = parse(&bad)
             .err()
@@ -69,6 +70,13 @@ fn options_that_would_be_ignored_are_refused_with_the_reason() {
         &["--local-sgd", "--sync-bn"],
     );
     refused(&["--balance", "--comm", "mpi"], &["--balance"]);
+    // A kernel profile of a run on CPU devices would stay empty; on a GPU it is taken.
+    refused(
+        &["--profile-kernels", "k.log"],
+        &["--profile-kernels", "--devices cpu"],
+    );
+    let on_gpu = parse(&["--profile-kernels", "k.log", "--devices", "cuda:0"]).expect("parses");
+    assert_eq!(refuse_conflicts(&on_gpu), Ok(()));
     refused(
         &["--pipeline", "2", "--amp", "bf16", "--zero1"],
         &["--pipeline", "--zero1"],
