@@ -82,3 +82,21 @@ fn gpu_backends_tune_fuse_and_cache() {
         );
     }
 }
+
+/// `wgpu-bare` is Burn's wgpu backend alone: CI builds it to execute the wgpu checks within
+/// its time, so autotune, fusion and the persistent cache (the full `wgpu` feature's, about
+/// twice the build) must stay out of it, while the backend itself is in.
+#[test]
+fn the_bare_wgpu_feature_leaves_the_tuning_features_out() {
+    let cubecl = resolved_features_with("burn-cubecl", Some("wgpu-bare"));
+    assert!(
+        cubecl.contains("burn-cubecl feature \"wgpu\""),
+        "--features wgpu-bare: no wgpu backend:\n{cubecl}"
+    );
+    for feature in ["autotune", "fusion", "persistence"] {
+        assert!(
+            !cubecl.contains(&format!("burn-cubecl feature \"{feature}\"")),
+            "--features wgpu-bare pulls in burn-cubecl's `{feature}`:\n{cubecl}"
+        );
+    }
+}

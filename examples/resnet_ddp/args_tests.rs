@@ -2,7 +2,8 @@
 
 use clap::Parser;
 
-use super::{Args, refuse_conflicts};
+use super::Args;
+use crate::conflicts::refuse_conflicts;
 
 fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
     Args::try_parse_from(std::iter::once("resnet_ddp").chain(extra.iter().copied()))

@@ -26,6 +26,7 @@ use kiln::train::{FusedSgdConfig, TrainReport};
 
 mod args;
 mod checkpoints;
+mod conflicts;
 mod doctor;
 mod faults;
 mod pipeline;
@@ -41,7 +42,8 @@ use replica::{announce, run_mpi, train_replica};
 #[global_allocator]
 static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllocator;
 
-use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg, refuse_conflicts};
+use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg};
+use conflicts::refuse_conflicts;
 
 fn main() -> ExitCode {
     let process_start = Instant::now();
@@ -395,10 +397,9 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     Ok(())
 }
 
-/// The model every run of the example trains (and the planner profiles), built seeded on
-/// `device`.
-/// The model of `--seed`, built on the CPU and forked to `device`: the same weights on every
-/// device kind (pipeline stages on different kinds start from one model).
+/// The model every run of the example trains (and the planner profiles): `--seed`'s, built on
+/// the CPU and forked to `device`, so the same on every device kind (pipeline stages on
+/// different kinds start from one model).
 fn build_model(args: &Args, setup: &Setup, device: &burn::tensor::Device) -> ResNet {
     kiln::core::init_on_host(device, args.seed, |device| {
         setup

@@ -15,7 +15,8 @@ use kiln::planner::{
 use kiln::resnet::ResNet;
 
 use crate::Setup;
-use crate::args::{Args, data_parallel_only};
+use crate::args::Args;
+use crate::conflicts::data_parallel_only;
 
 type Error = Box<dyn std::error::Error>;
 

@@ -50,7 +50,7 @@ impl GroupSink for Bucketing<'_> {
             self.in_flight.push(flight);
         }
         if group + 1 < self.plan.groups() {
-            self.during_backward += ready.saturating_sub(started);
+            self.during_backward += self.in_flight.len() - started;
         }
     }
 }

@@ -10,6 +10,7 @@ mod evaluate;
 mod groups;
 mod mailbox;
 mod overlap;
+mod pipeline;
 #[cfg(feature = "mpi")]
 mod processes;
 mod report;
@@ -23,8 +24,8 @@ mod worker;
 
 pub use config::PipelineConfig;
 pub use error::PipelineError;
+pub use pipeline::Pipeline;
 pub use report::{PipelineReport, StageReport};
-pub use train::Pipeline;
 
 #[cfg(test)]
 mod checkpoint_tests;

@@ -9,9 +9,9 @@ use burn::tensor::Device;
 use kiln_amp::{GradScaler, GradScalerConfig, MixedPrecision, Precision};
 use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity};
 use kiln_resnet::ResNet;
-use kiln_train::{LocalStep, LrSchedule, Trainer};
+use kiln_train::LrSchedule;
 
-use crate::runtime::test_support::{by_path, change_error, fit_quietly, resnet, sgd, shuffled};
+use crate::runtime::test_support::{accumulating_on, by_path, change_error, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
@@ -47,15 +47,16 @@ fn pipeline(precision: MixedPrecision, steps: usize) -> PipelineReport {
 }
 
 fn one_device(precision: MixedPrecision) -> HashMap<String, Vec<f32>> {
-    let (model, _) = fit_quietly(
-        Trainer::builder(build(&Device::flex().autodiff()), sgd())
-            .gradient_step(LocalStep::new().with_precision(precision))
-            .schedule(LrSchedule::constant(0.1))
-            .train_loader(shuffled(BATCH / MICRO))
-            .accumulation_steps(MICRO)
-            .max_steps(STEPS),
-    );
-    by_path(&model)
+    let device = Device::flex().autodiff();
+    let model = build(&device);
+    accumulating_on(
+        &device,
+        model,
+        (BATCH / MICRO, MICRO),
+        0.1,
+        precision,
+        STEPS,
+    )
 }
 
 #[test]

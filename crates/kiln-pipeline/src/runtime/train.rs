@@ -1,186 +1,30 @@
-//! A pipeline run: its options, the stage threads and their links, the driver.
-
-use std::path::PathBuf;
-use std::sync::Mutex;
+//! A pipeline run: the stage threads and their links, the driver.
 
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
-use kiln_checkpoint::{Checkpointer, Manifest, RunIdentity};
+use kiln_checkpoint::Manifest;
 use kiln_comm::Communicator;
 use kiln_core::{Segmented, panic_message};
 use kiln_data::BatchSource;
-use kiln_train::{Classification, LrSchedule, Objective, StopFlag, TrainObserver, TrainPosition};
+use kiln_train::{LrSchedule, Objective, TrainObserver, TrainPosition};
 
+use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{Writes, agree_start};
 use crate::runtime::driver::{Around, ToStages, drive};
 use crate::runtime::groups::{StageGroups, stage_groups};
 use crate::runtime::mailbox::{Abort, Mailbox};
+use crate::runtime::pipeline::Pipeline;
 use crate::runtime::report::{PipelineReport, finish};
 use crate::runtime::stage_start::StageStart;
 use crate::runtime::transfer;
 use crate::runtime::worker::{Links, StepData};
-use crate::runtime::{PipelineConfig, PipelineError};
 use crate::schedule::Schedule;
 
-/// A pipeline over one device entry per stage.
-///
-/// ```
-/// use burn::optim::SgdConfig;
-/// use burn::tensor::Device;
-/// use kiln_data::{DataLoader, SyntheticImages};
-/// use kiln_pipeline::{Pipeline, PipelineConfig, schedule::ScheduleKind};
-/// use kiln_resnet::{ResNetConfig, StemKind};
-/// use kiln_train::LrSchedule;
-///
-/// let build = |device: &Device| {
-///     kiln_core::init_module(device, 7, || {
-///         ResNetConfig::resnet18(4).with_stem(StemKind::Cifar).with_base_width(2).init(device)
-///     })
-/// };
-/// let mut loader = DataLoader::builder(SyntheticImages::new(32, 4, 1, [3, 8, 8]))
-///     .batch_size(8)
-///     .device(Device::flex().autodiff())
-///     .build();
-/// let config = PipelineConfig { schedule: ScheduleKind::OneFOneB, micro_batches: 4, ..PipelineConfig::default() };
-/// let report = Pipeline::new(vec![Device::flex(); 2])
-///     .config(config)
-///     .train(build, || SgdConfig::new().init(), &LrSchedule::constant(0.05), &mut loader, 2)?;
-/// assert_eq!(report.losses.len(), 2);
-/// assert!(report.stages.iter().all(|s| s.peak_in_flight <= 2), "1F1B holds at most P");
-/// # Ok::<(), kiln_pipeline::PipelineError>(())
-/// ```
-///
-/// The last stage's loss is the [`Objective`]'s: [`Classification`] for
-/// [`Pipeline::new`], any other (a user's [`Segmented`] model with its own input, output,
-/// batches and loss) with [`Pipeline::with_objective`]. The driver cuts the objective's
-/// batches into micro-batches by samples ([`kiln_data::Batch::slice`]); the first virtual
-/// stage feeds [`Objective::input`] to the model, the last scores its output.
-pub struct Pipeline<O: Objective = Classification> {
-    devices: Vec<Device>,
-    objective: O,
-    config: PipelineConfig,
-    checkpointer: Option<Checkpointer>,
-    resume: Option<(PathBuf, RunIdentity)>,
-    stop: Option<StopFlag>,
-    observer: Mutex<Option<Box<dyn TrainObserver>>>,
-    valid: Mutex<Option<ValidSource<O>>>,
-    log_epochs: bool,
-    /// With stages in other processes: the MPI world, one stage per process.
-    processes: Option<Communicator>,
-    /// Tests: every neighbouring pair of stages through a courier, even on one device (the
-    /// CPU-only tests run the cross-device path so).
-    #[cfg(test)]
-    pub(crate) couriers_always: bool,
-}
-
-/// Where validation batches come from.
-type ValidSource<O> = Box<dyn BatchSource<Batch = <O as Objective>::Batch> + Send>;
-
-impl Pipeline<Classification> {
-    /// One stage per entry of `devices` (CPU entries may repeat: stages are threads), for
-    /// an image classifier ([`Classification`]).
-    pub fn new(devices: Vec<Device>) -> Self {
-        Self::with_objective(devices, Classification)
-    }
-}
-
 impl<O: Objective> Pipeline<O> {
-    /// One stage per entry of `devices`, training for `objective` (its loss on the last
-    /// stage, the batches the driver cuts).
-    pub fn with_objective(devices: Vec<Device>, objective: O) -> Self {
-        Self {
-            devices,
-            objective,
-            config: PipelineConfig::default(),
-            checkpointer: None,
-            resume: None,
-            stop: None,
-            observer: Mutex::new(None),
-            valid: Mutex::new(None),
-            log_epochs: false,
-            processes: None,
-            #[cfg(test)]
-            couriers_always: false,
-        }
-    }
-
-    /// Uses `config`.
-    pub fn config(mut self, config: PipelineConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Saves checkpoints as `checkpointer` says (every N steps and after the last): the
-    /// stages' parts joined into one checkpoint of the data-parallel format (the whole
-    /// model's weights in `model.bpk`, one optimizer part per stage), so it resumes under
-    /// any plan: another split or schedule, data parallel, or
-    /// [`kiln_checkpoint::resume`].
-    pub fn checkpoint(mut self, checkpointer: Checkpointer) -> Self {
-        self.checkpointer = Some(checkpointer);
-        self
-    }
-
-    /// Continues the run saved in the checkpoint at `path` (of any plan) if it belongs to
-    /// `identity`: each stage takes its parameters and their optimizer state, the loader
-    /// continues with the batches not yet seen, the learning rate from the saved step.
-    pub fn resume(mut self, path: impl Into<PathBuf>, identity: RunIdentity) -> Self {
-        self.resume = Some((path.into(), identity));
-        self
-    }
-
-    /// Stops after the step during which `flag` is raised (with a checkpoint, when the run
-    /// has them): [`PipelineReport::stopped_at`] says where.
-    pub fn stop_flag(mut self, flag: StopFlag) -> Self {
-        self.stop = Some(flag);
-        self
-    }
-
-    /// Validates on `loader`'s batches (a loader, or any [`BatchSource`] of the objective's
-    /// batches) after every epoch, forward through the first pipeline (each cut into
-    /// micro-batches, the stages' batch-norm running statistics used): the epoch summaries'
-    /// validation loss and accuracy. Build its batches on an inference device (without
-    /// autodiff).
-    pub fn valid_loader(self, loader: impl BatchSource<Batch = O::Batch> + Send + 'static) -> Self {
-        *self.valid.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(loader));
-        self
-    }
-
-    /// Runs the pipeline across the processes of `world` (an MPI world communicator,
-    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: with D data-parallel
-    /// pipelines of P stages, D × P processes, process `r` running stage `r % P` of pipeline
-    /// `r / P` on `devices[r]`, as thread `r` does in one process (every process passes the
-    /// same list and the same loader, and drives its own stage). Activations and gradients
-    /// travel as MPI messages whose length the receiver learns; each stage's copies add
-    /// their gradients in rank order (the in-process sums); each step's loss is summed over
-    /// the processes; rank 0's report holds the first pipeline's trained parameters. A
-    /// failing stage ends the MPI job. Clipping and mixed precision (bf16, f16 with its loss
-    /// scaler) work as in one process: each pipeline's stages agree on the whole gradient's
-    /// norm and overflow. Checkpoints work too: each stage of the first pipeline writes its
-    /// part into the shared run directory, rank 0 joins them into the checkpoint one process
-    /// would write (resumable either way), every process agrees on each write's outcome and
-    /// on a stop; a resume reads the same checkpoint in every process.
-    #[cfg(feature = "mpi")]
-    pub fn across_processes(mut self, world: Communicator) -> Self {
-        self.processes = Some(world);
-        self
-    }
-
-    /// Prints every epoch's summary as the trainer does (default: off).
-    pub fn log_epochs(mut self, log: bool) -> Self {
-        self.log_epochs = log;
-        self
-    }
-
-    /// Tells `observer` every step (loss, accuracy, learning rate, images/s, data wait) and
-    /// every epoch's training summary, e.g. a [`kiln_train::RunLog`].
-    pub fn observer(self, observer: impl TrainObserver + 'static) -> Self {
-        *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(observer));
-        self
-    }
-
     /// Trains the model `build` makes (called once per stage, on its device: build it
-    /// under `kiln_core::init_module` so every call gives the same model) up to step
+    /// under `kiln_core::init_on_host` so every call gives the same model whatever the
+    /// device's kind; `init_module` does when every stage is on one kind) up to step
     /// `steps` on `loader`'s batches (a [`DataLoader`](kiln_data::DataLoader), or any
     /// [`BatchSource`] of the objective's batches), each cut into micro-batches, with one
     /// `optimizer` (made by the factory) per stage. An epoch is the loader's batches ÷ the

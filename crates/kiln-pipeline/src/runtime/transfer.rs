@@ -58,7 +58,8 @@ pub(crate) fn routes<'scope, H: Activation>(
             let outbox = (0..stages)
                 .map(|to| {
                     let to_device = &devices[group * stages + to];
-                    let neighbour = to == (from + 1) % stages || from == (to + 1) % stages;
+                    let neighbour =
+                        to != from && (to == (from + 1) % stages || from == (to + 1) % stages);
                     if !neighbour || (to_device == from_device && !always) {
                         return senders[to].clone();
                     }

@@ -278,10 +278,9 @@ mod wgpu {
 
     use burn::tensor::DeviceKind;
     use kiln_amp::{GradScaler, GradScalerConfig, MixedPrecision, Precision};
-    use kiln_train::{LocalStep, Trainer};
 
     use super::*;
-    use crate::runtime::test_support::{by_path, change_error, fit_quietly};
+    use crate::runtime::test_support::{accumulating_on, by_path, change_error};
 
     /// Stage 1 computes with Burn's wgpu kernels, the reference with Flex's: they round
     /// differently (measured on lavapipe, 2-core AMD EPYC: 1.1e-5 for P = 2, 4.3e-5 for
@@ -310,6 +309,7 @@ mod wgpu {
         one_device_on(Device::flex(), size, micro, lr, precision, STEPS)
     }
 
+    /// One device of `device`'s kind accumulating, for `steps` steps.
     fn one_device_on(
         device: Device,
         size: usize,
@@ -318,22 +318,9 @@ mod wgpu {
         precision: MixedPrecision,
         steps: usize,
     ) -> HashMap<String, Vec<f32>> {
-        let (model, _) = fit_quietly(
-            Trainer::builder(build(&device.clone().autodiff()), sgd())
-                .gradient_step(LocalStep::new().with_precision(precision))
-                .schedule(LrSchedule::constant(lr))
-                .train_loader(
-                    DataLoader::builder(SyntheticImages::new(96, 4, 3, [3, 8, 8]))
-                        .batch_size(size)
-                        .shuffle(2)
-                        .drop_last(true)
-                        .device(device.autodiff())
-                        .build(),
-                )
-                .accumulation_steps(micro)
-                .max_steps(steps),
-        );
-        by_path(&model)
+        let device = device.autodiff();
+        let model = build(&device);
+        accumulating_on(&device, model, (size, micro), lr, precision, steps)
     }
 
     #[test]
