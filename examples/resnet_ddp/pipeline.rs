@@ -152,6 +152,7 @@ pub fn run(
     let mut pipeline = Pipeline::new(devices)
         .config(config)
         .valid_loader(valid_loader)
+        .progress(primary && !args.quiet)
         .log_epochs(primary);
     if let Some(saver) = crate::checkpoints::saver(args, &identity, &args.devices) {
         pipeline = pipeline.checkpoint(saver.layout(

@@ -35,6 +35,7 @@
 #![warn(missing_docs)]
 
 mod accumulate;
+mod engine;
 mod error;
 mod evaluate;
 mod fused_sgd;
@@ -45,6 +46,7 @@ mod metrics;
 mod objective;
 pub mod plot;
 mod progress;
+mod replica_engine;
 mod resume;
 mod run_log;
 #[cfg(test)]
@@ -54,8 +56,10 @@ mod step;
 mod stop;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod train_loop;
 mod trainer;
 
+pub use engine::{EngineStep, StepEngine};
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
 pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
@@ -72,6 +76,7 @@ pub use step::{
     forward_backward_with,
 };
 pub use stop::StopFlag;
+pub use train_loop::{Budget, LoopOptions, train_loop};
 pub use trainer::{Trainer, TrainerBuilder};
 
 #[cfg(test)]

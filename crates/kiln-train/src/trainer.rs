@@ -1,30 +1,20 @@
 //! The training loop.
 
-use std::time::Instant;
-
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use kiln_core::{Forward, ImageClassifier};
 use kiln_data::BatchSource;
 
-use crate::evaluate::evaluate_with;
-use crate::metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
-use crate::progress::epoch_bar;
+use crate::metrics::TrainReport;
+use crate::replica_engine::ReplicaEngine;
 use crate::{
-    CheckpointHook, Classification, GradientStep, LocalStep, LrSchedule, Objective, StopFlag,
-    TrainError, TrainObserver, TrainPosition,
+    Budget, CheckpointHook, Classification, GradientStep, LocalStep, LoopOptions, LrSchedule,
+    Objective, StopFlag, TrainError, TrainObserver, TrainPosition, train_loop,
 };
 
 /// Where a trainer reads batches of `B` from: any [`BatchSource`], boxed so that the
 /// builder's type does not name it.
 type Source<B> = Box<dyn BatchSource<Batch = B>>;
-
-/// How long to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Budget {
-    Epochs(usize),
-    Steps(usize),
-}
 
 /// What a builder sets and the trainer keeps, besides the model, optimizer, step and data.
 struct Settings<O: Objective> {
@@ -203,24 +193,10 @@ impl<M: Module, S: GradientStep<M, O::Batch>, O: Objective> TrainerBuilder<M, S,
                 "accumulation_steps must be at least 1 micro-batch".into(),
             ));
         }
-        if train.num_batches() < settings.accumulation {
-            return Err(TrainError::Config(format!(
-                "the training loader yields {} batches per epoch, fewer than one step's {} micro-batches",
-                train.num_batches(),
-                settings.accumulation
-            )));
-        }
         if let Some(valid) = &settings.valid
             && valid.device().is_some_and(|device| device.is_autodiff())
         {
             return Err(TrainError::Config("the validation loader must build batches on an inference device (without autodiff)".into()));
-        }
-        let per_epoch = train.num_batches() / settings.accumulation;
-        if self.start.step_in_epoch >= per_epoch {
-            return Err(TrainError::Config(format!(
-                "resuming at step {} of epoch {}, which has only {per_epoch} steps (another batch size or data set?)",
-                self.start.step_in_epoch, self.start.epoch
-            )));
         }
         Ok(Trainer {
             model: self.model,
@@ -283,188 +259,52 @@ where
     M: Forward<Input = O::Input, Output = O::Output>,
     S: GradientStep<M, O::Batch>,
 {
-    /// Runs training and returns the trained model and what was recorded.
-    pub fn fit(mut self) -> Result<(M, TrainReport), TrainError> {
-        let per_epoch = self.train.num_batches() / self.settings.accumulation;
-        let (epochs, total_steps) = match self.settings.budget {
-            Budget::Epochs(epochs) => (epochs, epochs * per_epoch),
-            Budget::Steps(steps) => (steps.div_ceil(per_epoch), steps),
+    /// Runs training and returns the trained model and what was recorded: kiln's one
+    /// training loop ([`train_loop`](crate::train_loop)) over this replica's steps.
+    ///
+    /// # Errors
+    /// Too few batches for one step, a resume position outside the data's epoch, a loader's
+    /// error, a non-finite loss, a failing gradient step, observer or checkpoint.
+    pub fn fit(self) -> Result<(M, TrainReport), TrainError> {
+        let Trainer {
+            model,
+            optimizer,
+            step,
+            mut train,
+            settings,
+            checkpoint,
+            mut observers,
+            stop,
+            start,
+        } = self;
+        let Settings {
+            schedule,
+            budget,
+            accumulation,
+            mut valid,
+            objective,
+            progress,
+            log_epochs,
+        } = settings;
+        let mut engine = ReplicaEngine::new(
+            (model, optimizer, step),
+            objective,
+            accumulation,
+            checkpoint,
+        );
+        let options = LoopOptions {
+            schedule: &schedule,
+            budget,
+            start,
+            stop: stop.as_ref(),
+            observers: &mut observers,
+            valid: valid
+                .as_deref_mut()
+                .map(|v| v as &mut dyn BatchSource<Batch = O::Batch>),
+            progress,
+            log_epochs,
         };
-        let mut report = TrainReport::default();
-        let mut model = self.model;
-        let mut global_step = self.start.step;
-        'epochs: for epoch in self.start.epoch..epochs {
-            // A resumed epoch skips the steps done before the checkpoint.
-            let skip = if epoch == self.start.epoch {
-                self.start.step_in_epoch
-            } else {
-                0
-            };
-            let steps_this_epoch = (per_epoch - skip).min(total_steps.saturating_sub(global_step));
-            if steps_this_epoch == 0 {
-                // Resumed at the end of training: nothing is left to do.
-                break;
-            }
-            let bar = epoch_bar(self.settings.progress, epoch, steps_this_epoch);
-            let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
-            let mut epoch_wait = std::time::Duration::ZERO;
-            let first_step = global_step;
-            let started = Instant::now();
-            let mut batches = self
-                .train
-                .batches(epoch as u64, skip * self.settings.accumulation);
-            for _ in 0..steps_this_epoch {
-                let step_start = Instant::now();
-                // Any source: the time the step waits for its batches is the data wait.
-                let micro = batches
-                    .by_ref()
-                    .take(self.settings.accumulation)
-                    .collect::<Result<Vec<_>, _>>()?;
-                let data_wait = step_start.elapsed();
-                epoch_wait += data_wait;
-                if micro.len() < self.settings.accumulation {
-                    break;
-                }
-                let lr = self.settings.schedule.lr(global_step);
-                let out = self.step.gradients(&model, micro, global_step)?;
-                if !out.loss.is_finite() {
-                    return Err(TrainError::NonFiniteLoss {
-                        step: global_step,
-                        loss: out.loss,
-                    });
-                }
-                model = self.optimizer.step(lr, model, out.grads);
-                model = self.step.after_update(model, global_step)?;
-                let accuracy = out.correct as f32 / out.samples.max(1) as f32;
-                let images_per_sec =
-                    out.samples as f64 / step_start.elapsed().as_secs_f64().max(1e-9);
-                report.steps.push(StepRecord {
-                    epoch,
-                    step: global_step,
-                    loss: out.loss,
-                    accuracy,
-                    lr,
-                    images_per_sec,
-                    data_wait,
-                    loss_scale: self.step.loss_scale(),
-                });
-                report.first_step.get_or_insert_with(|| FirstStep {
-                    finished: Instant::now(),
-                    took: step_start.elapsed(),
-                });
-                for observer in &mut self.observers {
-                    observer.on_step(report.steps.last().expect("just recorded"))?;
-                }
-                loss_sum += f64::from(out.loss);
-                correct += out.correct;
-                samples += out.samples;
-                global_step += 1;
-                let done_in_epoch = skip + (global_step - first_step);
-                let position = if done_in_epoch == per_epoch {
-                    TrainPosition {
-                        step: global_step,
-                        epoch: epoch + 1,
-                        step_in_epoch: 0,
-                    }
-                } else {
-                    TrainPosition {
-                        step: global_step,
-                        epoch,
-                        step_in_epoch: done_in_epoch,
-                    }
-                };
-                let stop = match &self.stop {
-                    Some(flag) => self.step.agree_to_stop(flag.is_requested())?,
-                    None => false,
-                };
-                if let Some(hook) = &mut self.checkpoint
-                    && (stop || hook.should_save(&position, global_step == total_steps))
-                {
-                    // Every replica takes part: what they hold apart (batch-norm
-                    // statistics) is made one, as before an evaluation.
-                    model = self.step.before_eval(model)?;
-                    hook.save(&position, &model, &self.optimizer, &self.step.saved_state())?;
-                }
-                if stop {
-                    report.stopped_at = Some(position);
-                    if position.step_in_epoch != 0 {
-                        // Mid-epoch: the resumed run finishes the epoch (and validates it).
-                        bar.finish_and_clear();
-                        break 'epochs;
-                    }
-                    // The epoch's last step: validate and log the epoch, then stop.
-                    break;
-                }
-                bar.inc(1);
-                bar.set_message(format!(
-                    "loss {:.4} acc {:5.1}% {:.0} img/s lr {lr:.4}",
-                    out.loss,
-                    100.0 * accuracy,
-                    images_per_sec
-                ));
-            }
-            drop(batches);
-            let elapsed = started.elapsed();
-            bar.finish_and_clear();
-            let steps_done = (global_step - first_step).max(1);
-            let mut summary = EpochSummary {
-                epoch,
-                train_loss: (loss_sum / steps_done as f64) as f32,
-                train_accuracy: correct as f32 / samples.max(1) as f32,
-                valid_loss: None,
-                valid_accuracy: None,
-                images_per_sec: samples as f64 / elapsed.as_secs_f64().max(1e-9),
-                elapsed,
-                data_wait: epoch_wait,
-            };
-            model = self.step.before_eval(model)?;
-            if let Some(valid) = &mut self.settings.valid {
-                let evaluation =
-                    evaluate_with(&model.valid(), &self.settings.objective, valid.as_mut())?;
-                summary.valid_loss = Some(evaluation.loss);
-                summary.valid_accuracy = Some(evaluation.accuracy);
-            }
-            if self.settings.log_epochs {
-                println!("{summary}");
-            }
-            for observer in &mut self.observers {
-                observer.on_epoch(&summary)?;
-            }
-            report.epochs.push(summary);
-            if report.stopped_at.is_some() {
-                break;
-            }
-        }
-        if let Some(hook) = &mut self.checkpoint {
-            hook.finish()?;
-        }
-        if let (Some(position), true) = (report.stopped_at, self.settings.log_epochs) {
-            println!(
-                "stopped at step {} as asked{}",
-                position.step,
-                if self.checkpoint.is_some() {
-                    ", after saving a checkpoint"
-                } else {
-                    ""
-                }
-            );
-        }
-        if self.settings.log_epochs {
-            let images: usize = report
-                .epochs
-                .iter()
-                .map(|e| (e.images_per_sec * e.elapsed.as_secs_f64()) as usize)
-                .sum();
-            let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
-            let val = report
-                .final_valid_accuracy()
-                .map(|a| format!(", final val acc {:.1}%", 100.0 * a))
-                .unwrap_or_default();
-            println!(
-                "done: {global_step} steps, {images} images in {secs:.1}s ({:.0} img/s){val}",
-                images as f64 / secs.max(1e-9)
-            );
-        }
-        Ok((model, report))
+        let report = train_loop(&mut engine, train.as_mut(), options)?;
+        Ok((engine.into_model(), report))
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use kiln_train::TrainError;
+
 use crate::schedule::ScheduleError;
 
 /// Why a pipeline run stopped. Every stage stops in bounded time: a failed stage's peers
@@ -80,6 +82,24 @@ pub enum PipelineError {
         /// The loss.
         loss: f32,
     },
+}
+
+/// What the training loop finds (`kiln_train::train_loop`), as the pipeline's error.
+impl From<TrainError> for PipelineError {
+    fn from(err: TrainError) -> Self {
+        match err {
+            TrainError::Config(why) => PipelineError::Config(why),
+            TrainError::Data(err) => PipelineError::Data(err),
+            TrainError::NonFiniteLoss { step, loss } => PipelineError::NonFiniteLoss { step, loss },
+            TrainError::Checkpoint(why) => PipelineError::Checkpoint(why),
+            TrainError::Comm(err) => PipelineError::PeerLost {
+                stage: 0,
+                what: err.to_string(),
+            },
+            // An observer's (the run's log).
+            other => PipelineError::Observer(other.to_string()),
+        }
+    }
 }
 
 impl PipelineError {

@@ -3,8 +3,8 @@
 
 mod checkpoint;
 mod config;
-mod driver;
 mod empty;
+mod engine;
 mod error;
 mod evaluate;
 mod groups;

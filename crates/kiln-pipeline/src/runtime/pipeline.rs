@@ -52,9 +52,10 @@ pub struct Pipeline<O: Objective = Classification> {
     pub(crate) checkpointer: Option<Checkpointer>,
     pub(crate) resume: Option<(PathBuf, RunIdentity)>,
     pub(crate) stop: Option<StopFlag>,
-    pub(crate) observer: Mutex<Option<Box<dyn TrainObserver>>>,
+    pub(crate) observers: Mutex<Vec<Box<dyn TrainObserver>>>,
     pub(crate) valid: Mutex<Option<ValidSource<O>>>,
     pub(crate) log_epochs: bool,
+    pub(crate) progress: bool,
     /// With stages in other processes: the MPI world, one stage per process.
     pub(crate) processes: Option<Communicator>,
     /// Tests: every neighbouring pair of stages through a courier, even on one device (the
@@ -85,9 +86,10 @@ impl<O: Objective> Pipeline<O> {
             checkpointer: None,
             resume: None,
             stop: None,
-            observer: Mutex::new(None),
+            observers: Mutex::new(Vec::new()),
             valid: Mutex::new(None),
             log_epochs: false,
+            progress: true,
             processes: None,
             #[cfg(test)]
             couriers_always: false,
@@ -155,16 +157,28 @@ impl<O: Objective> Pipeline<O> {
         self
     }
 
-    /// Prints every epoch's summary as the trainer does (default: off).
+    /// Prints every epoch's summary and the run's last line, as the trainer does (default:
+    /// off).
     pub fn log_epochs(mut self, log: bool) -> Self {
         self.log_epochs = log;
         self
     }
 
-    /// Tells `observer` every step (loss, accuracy, learning rate, images/s, data wait) and
-    /// every epoch's training summary, e.g. a [`kiln_train::RunLog`].
+    /// Tells `observer` every step (loss, accuracy, learning rate, images/s, data wait,
+    /// loss scale) and every epoch's summary, e.g. a [`kiln_train::RunLog`]. Several may be
+    /// added: each sees every record, in the order they were added.
     pub fn observer(self, observer: impl TrainObserver + 'static) -> Self {
-        *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(observer));
+        self.observers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(observer));
+        self
+    }
+
+    /// Shows the live progress bar over each epoch's steps (default: on; hidden when stderr
+    /// is not a terminal; across processes the first process shows it).
+    pub fn progress(mut self, progress: bool) -> Self {
+        self.progress = progress;
         self
     }
 }

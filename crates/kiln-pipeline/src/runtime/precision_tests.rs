@@ -9,7 +9,7 @@ use burn::tensor::Device;
 use kiln_amp::{GradScaler, GradScalerConfig, MixedPrecision, Precision};
 use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity};
 use kiln_resnet::ResNet;
-use kiln_train::LrSchedule;
+use kiln_train::{EpochSummary, LrSchedule, StepRecord, TrainError, TrainObserver};
 
 use crate::runtime::test_support::{accumulating_on, by_path, change_error, resnet, sgd, shuffled};
 
@@ -103,13 +103,15 @@ fn under_f16_every_stage_skips_an_overflowing_step_and_a_checkpoint_keeps_the_sc
             ..PipelineConfig::default()
         };
         let saver = Checkpointer::new(CheckpointStore::new(&dir, 10), 2, identity.clone());
+        let scales = Scales::default();
         let mut pipeline = Pipeline::new(vec![Device::flex(); 2])
             .config(config)
-            .checkpoint(saver);
+            .checkpoint(saver)
+            .observer(scales.clone());
         if let Some(path) = from {
             pipeline = pipeline.resume(path, identity.clone());
         }
-        pipeline
+        let report = pipeline
             .train(
                 build,
                 sgd,
@@ -117,11 +119,35 @@ fn under_f16_every_stage_skips_an_overflowing_step_and_a_checkpoint_keeps_the_sc
                 &mut shuffled(BATCH),
                 STEPS,
             )
-            .unwrap()
+            .unwrap();
+        let scales = scales.0.lock().unwrap().clone();
+        (report, scales)
     };
-    let whole = run(None);
-    let resumed = run(Some(CheckpointStore::new(&dir, 10).path_for(2)));
+    let (whole, scales) = run(None);
+    // Every step's record carries the scale the next step uses, as the trainer's do.
+    assert_eq!(scales.len(), STEPS);
+    assert_eq!(
+        scales[0],
+        Some(2f32.powi(39)),
+        "halved by the skipped first step"
+    );
+    assert_eq!(scales.last().copied().flatten(), Some(whole.amp.scale));
+    let (resumed, _) = run(Some(CheckpointStore::new(&dir, 10).path_for(2)));
     assert_eq!(resumed.params, whole.params);
     assert_eq!(resumed.amp.scale, whole.amp.scale);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Records every step's loss scale.
+#[derive(Clone, Default)]
+struct Scales(std::sync::Arc<std::sync::Mutex<Vec<Option<f32>>>>);
+
+impl TrainObserver for Scales {
+    fn on_step(&mut self, step: &StepRecord) -> Result<(), TrainError> {
+        self.0.lock().unwrap().push(step.loss_scale);
+        Ok(())
+    }
+    fn on_epoch(&mut self, _: &EpochSummary) -> Result<(), TrainError> {
+        Ok(())
+    }
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use kiln_amp::AmpStats;
 use kiln_core::{Segmented, read_params};
-use kiln_train::{EpochSummary, TrainPosition};
+use kiln_train::{EpochSummary, TrainPosition, TrainReport};
 
 use crate::runtime::PipelineError;
-use crate::runtime::driver::Driven;
+use crate::runtime::engine::Driven;
 use crate::runtime::stage::Stage;
 use crate::schedule::{Costs, Schedule, simulate};
 
@@ -50,8 +50,10 @@ pub struct PipelineReport {
     /// Where a stop request ([`Pipeline::stop_flag`](crate::Pipeline::stop_flag)) ended the run, if one did (after a
     /// checkpoint, when the run has them).
     pub stopped_at: Option<TrainPosition>,
-    /// Every whole epoch's summary: training loss and accuracy, and validation through the
-    /// pipeline with [`Pipeline::valid_loader`](crate::Pipeline::valid_loader).
+    /// Every epoch's summary (the last one partial when the step budget ends the run
+    /// mid-epoch; none for an epoch a stop request cut short): training loss and accuracy,
+    /// and validation through the pipeline with
+    /// [`Pipeline::valid_loader`](crate::Pipeline::valid_loader).
     pub epochs: Vec<EpochSummary>,
     /// What mixed precision did ([`PipelineConfig::precision`](crate::PipelineConfig::precision)): steps, skipped steps and
     /// the loss scale, the same on every stage (they agree on every skip).
@@ -72,7 +74,7 @@ impl PipelineReport {
 /// `results` are this process's stage threads', `threads` their indices in (group, stage)
 /// order over all processes; `helpers` the errors of the threads that serve them.
 pub(crate) fn finish<M: Segmented>(
-    driven: Result<Driven, PipelineError>,
+    driven: Result<(Driven, TrainReport), PipelineError>,
     results: Vec<Result<Stage<M>, PipelineError>>,
     helpers: Vec<PipelineError>,
     threads: &[usize],
@@ -87,20 +89,20 @@ pub(crate) fn finish<M: Segmented>(
             Err(err) => errors.push(err),
         }
     }
-    let driven = match driven {
+    let (driven, run) = match driven {
         Ok(driven) if errors.is_empty() => driven,
-        Ok(_) => Driven::default(),
+        Ok(_) => Default::default(),
         Err(err) => {
             errors.push(err);
-            Driven::default()
+            Default::default()
         }
     };
     if !errors.is_empty() {
         let root = errors.iter().position(|e| !e.is_consequence()).unwrap_or(0);
         return Err(errors.swap_remove(root));
     }
-    let steps_timed = driven.losses.len().saturating_sub(1).max(1) as u32;
-    let step_time = driven.step_time / steps_timed;
+    let steps_timed = driven.timed.steps.max(1);
+    let step_time = driven.timed.step_time / steps_timed;
     // The data-parallel groups' stages mirror each other: report the first group's.
     trained.retain(|(thread, _)| *thread < plan.stages());
     let amp = trained
@@ -116,9 +118,9 @@ pub(crate) fn finish<M: Segmented>(
             params.insert(entry.info.path.clone(), values);
         }
         // Busy time: every forward and backward the stage ran.
-        let busy: Duration = driven.forward[index]
+        let busy: Duration = driven.timed.forward[index]
             .iter()
-            .chain(&driven.backward[index])
+            .chain(&driven.timed.backward[index])
             .sum::<Duration>()
             / steps_timed;
         let per_micro_batch = |times: &[Duration]| -> Vec<Duration> {
@@ -130,8 +132,8 @@ pub(crate) fn finish<M: Segmented>(
             param_bytes: stage.param_bytes,
             peak_in_flight: driven.peak[index],
             busy_fraction: busy.as_secs_f64() / step_time.as_secs_f64().max(1e-12),
-            forward_time: per_micro_batch(&driven.forward[index]),
-            backward_time: per_micro_batch(&driven.backward[index]),
+            forward_time: per_micro_batch(&driven.timed.forward[index]),
+            backward_time: per_micro_batch(&driven.timed.backward[index]),
         });
     }
     // With stages in other processes this one reports its own only: no whole prediction.
@@ -141,13 +143,13 @@ pub(crate) fn finish<M: Segmented>(
         Duration::ZERO
     };
     Ok(PipelineReport {
-        losses: driven.losses,
+        losses: run.losses(),
         stages,
         step_time,
         predicted_step_time,
         params,
-        stopped_at: driven.stopped_at,
-        epochs: driven.epochs,
+        stopped_at: run.stopped_at,
+        epochs: run.epochs,
         amp,
     })
 }

@@ -148,7 +148,9 @@ fn a_resumed_pipeline_continues_bit_for_bit_and_its_checkpoint_resumes_under_any
     assert_eq!(whole.losses.len(), STEPS);
     let (steps, epochs) = told.lock().unwrap().clone();
     assert_eq!(steps, (0..STEPS).collect::<Vec<_>>(), "every step observed");
-    assert_eq!(epochs, vec![0, 1], "every whole epoch summarised");
+    // Two whole epochs, and the third's first half where the step budget ends it (as the
+    // trainer does: one loop).
+    assert_eq!(epochs, vec![0, 1, 2], "every epoch summarised");
     let store = CheckpointStore::new(&dir, 10);
     let saved: Vec<usize> = store.list().unwrap().iter().map(|(s, _)| *s).collect();
     assert_eq!(saved, vec![2, 4, 6, 8, 10]);
@@ -219,7 +221,7 @@ fn a_stop_request_ends_the_pipeline_after_the_step_with_a_checkpoint() {
         None,
     );
     let seen = Seen {
-        stop: Some((2, StopFlag::new())),
+        stop: Some((3, StopFlag::new())),
         ..Seen::default()
     };
     let stopped = pipeline(ScheduleKind::OneFOneB, 2, &dir, None, Some(seen));
@@ -228,7 +230,8 @@ fn a_stop_request_ends_the_pipeline_after_the_step_with_a_checkpoint() {
         epoch: 1,
         step_in_epoch: 0,
     };
-    // Raised while step 2 was observed: step 3 was under way, the run stops after it.
+    // Raised while step 3 was observed: the stages agree after it and stop there, as the
+    // trainer's replicas do (one loop).
     assert_eq!(stopped.stopped_at, Some(at));
     let store = CheckpointStore::new(&dir, 10);
     assert_eq!(store.latest().unwrap(), Some(store.path_for(4)));
@@ -279,6 +282,8 @@ fn validation_through_the_pipeline_scores_like_one_device() {
         .map(|e| (e.valid_loss.unwrap(), e.valid_accuracy.unwrap()))
         .collect();
     assert_eq!(want.len(), 2);
+    // One loop: an epoch's training loss is sample-weighted in both.
+    let want_train: Vec<f32> = report.epochs.iter().map(|e| e.train_loss).collect();
     // 2 stages, and 2 stages of 2 interleaved chunks each (activations cross back to stage
     // 0); the validation batches (16, 16, 8) are cut into up to 4 micro-batches.
     for kind in [
@@ -295,6 +300,14 @@ fn validation_through_the_pipeline_scores_like_one_device() {
             .valid_loader(valid_loader())
             .train(build, sgd, &schedule(), &mut shuffled(BATCH), 8)
             .unwrap();
+        for (epoch, want) in got.epochs.iter().zip(&want_train) {
+            let loss = epoch.train_loss;
+            assert!(
+                (loss - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{kind}: epoch {} training loss {loss} vs one device {want}",
+                epoch.epoch
+            );
+        }
         let got: Vec<(f32, f32)> = got
             .epochs
             .iter()

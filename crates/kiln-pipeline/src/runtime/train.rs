@@ -7,11 +7,11 @@ use kiln_checkpoint::Manifest;
 use kiln_comm::Communicator;
 use kiln_core::{Segmented, panic_message};
 use kiln_data::BatchSource;
-use kiln_train::{LrSchedule, Objective, TrainObserver, TrainPosition};
+use kiln_train::{Budget, LoopOptions, LrSchedule, Objective, TrainPosition, train_loop};
 
 use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{Writes, agree_start};
-use crate::runtime::driver::{Around, ToStages, drive};
+use crate::runtime::engine::{StagesEngine, ToStages};
 use crate::runtime::groups::{StageGroups, stage_groups};
 use crate::runtime::mailbox::{Abort, Mailbox};
 use crate::runtime::pipeline::Pipeline;
@@ -226,20 +226,25 @@ impl<O: Objective> Pipeline<O> {
                 abort: &abort,
                 stages,
             };
-            let mut observer = self.observer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut observers = self.observers.lock().unwrap_or_else(|p| p.into_inner());
             let mut valid = self.valid.lock().unwrap_or_else(|p| p.into_inner());
-            let around = Around {
+            let options = LoopOptions {
+                schedule,
+                budget: Budget::Steps(steps),
                 start,
-                steps,
-                checkpoints: self.checkpointer.as_ref().map(|c| (c, &mut writes)),
                 stop: self.stop.as_ref(),
-                observer: observer.as_deref_mut().map(|o| o as &mut dyn TrainObserver),
+                observers: observers.as_mut_slice(),
                 valid: valid
-                    .as_mut()
-                    .map(|v| v.as_mut() as &mut (dyn BatchSource<Batch = O::Batch> + Send)),
+                    .as_deref_mut()
+                    .map(|v| v as &mut dyn BatchSource<Batch = O::Batch>),
+                // Across processes, one bar: the first process's.
+                progress: self.progress && self.processes.as_ref().is_none_or(|w| w.rank() == 0),
                 log_epochs: self.log_epochs,
             };
-            let driven = drive(&self.config, schedule, loader, around, &to_stages);
+            let checkpoints = self.checkpointer.as_ref().map(|c| (c, &mut writes));
+            let mut engine = StagesEngine::new(&self.config, to_stages, checkpoints);
+            let driven =
+                train_loop(&mut engine, loader, options).map(|report| (engine.driven(), report));
             if driven.is_err() {
                 abort.raise();
             }

@@ -15,7 +15,7 @@ use crate::runtime::PipelineError;
 use crate::runtime::mailbox::{Abort, Carries, Message};
 use crate::runtime::test_support::{resnet, sgd, shuffled};
 use crate::runtime::transfer::routes;
-use crate::runtime::worker::StepData;
+use crate::runtime::worker::{StepData, Work};
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
 
@@ -240,8 +240,7 @@ fn micro_batches_move_to_the_stage_or_say_what_to_implement() {
             micro_batches,
             samples: 4,
             step: 0,
-            save: false,
-            evaluate: false,
+            work: Work::Train,
             check: false,
             panic: false,
         }

@@ -29,15 +29,24 @@ pub(crate) struct StepData<B = ImageBatch> {
     pub samples: usize,
     /// The step (0-based).
     pub step: usize,
-    /// Whether a checkpoint follows the step (the first pipeline's stages hand over their
-    /// parts).
-    pub save: bool,
-    /// Not a training step: the micro-batches are validation data, run forward only.
-    pub evaluate: bool,
+    /// What to do with it.
+    pub work: Work,
     /// Whether the data-parallel copies of each stage compare their parameters after it.
     pub check: bool,
     /// The last stage panics at this step (fault injection, `PipelineConfig::panic_at_step`).
     pub panic: bool,
+}
+
+/// What the driver asks of the stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// A training step on the micro-batches.
+    Train,
+    /// Validation: the micro-batches run forward only.
+    Evaluate,
+    /// A checkpoint at step `step` (no micro-batches): the first pipeline's stages hand
+    /// over their parts.
+    Save,
 }
 
 /// What a stage reports after a step.
@@ -54,6 +63,8 @@ pub(crate) struct StepDone {
     pub backward: Vec<Duration>,
     /// The most micro-batches (counting each chunk) whose forward had run and backward not.
     pub peak_in_flight: usize,
+    /// The loss scale the next step uses (mixed precision with a scaler).
+    pub loss_scale: Option<f32>,
 }
 
 /// How a stage turns its summed gradients into an update: the mean-gradient rule (division,
@@ -110,12 +121,35 @@ where
         if let Some(device) = &links.batches_to {
             data.move_batches(device, index)?;
         }
-        if data.evaluate {
-            let report = evaluate(index, (&stage, objective), schedule, &mut links, &data)?;
-            if done.send(report).is_err() {
-                break; // the driver stopped
+        match data.work {
+            Work::Train => {}
+            Work::Evaluate => {
+                let report = evaluate(index, (&stage, objective), schedule, &mut links, &data)?;
+                if done.send(report).is_err() {
+                    break; // the driver stopped
+                }
+                continue;
             }
-            continue;
+            Work::Save => {
+                if let Some(parts) = &links.parts {
+                    let step_state = update.rule.saved_state();
+                    hand_over(
+                        index,
+                        data.step,
+                        (&stage.model, &update.optimizer, step_state),
+                        &stage.owned_ids,
+                        parts,
+                    );
+                }
+                let report = StepDone {
+                    thread: links.thread,
+                    ..StepDone::default()
+                };
+                if done.send(report).is_err() {
+                    break; // the driver stopped
+                }
+                continue;
+            }
         }
         if data.panic && index + 1 == schedule.stages() {
             panic!(
@@ -256,19 +290,7 @@ where
         {
             stage.check_copies(index, copies.worker(), data.step)?;
         }
-        if data.save
-            && let Some(parts) = &links.parts
-        {
-            let step_state = update.rule.saved_state();
-            // The checkpoint after this step is at the next one.
-            hand_over(
-                index,
-                data.step + 1,
-                (&stage.model, &update.optimizer, step_state),
-                &stage.owned_ids,
-                parts,
-            );
-        }
+        report.loss_scale = update.rule.loss_scale();
         if done.send(report).is_err() {
             break; // the driver stopped
         }
