@@ -20,9 +20,10 @@ use kiln::amp::{AmpStats, MixedPrecision};
 use kiln::core::DeviceSpec;
 use kiln::data::{Cifar10, ImageSource, SyntheticImages, Transform};
 use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, SyncMode, SyncStats};
+use kiln::kernels::FusedSgdConfig;
 use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
-use kiln::train::{FusedSgdConfig, TrainReport};
+use kiln::train::TrainReport;
 
 mod args;
 mod checkpoints;

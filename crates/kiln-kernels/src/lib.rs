@@ -32,8 +32,8 @@
 //!   element-wise operations on one thread); Burn's bit for bit, output and gradients.
 //! - [`sgd_step`] — SGD's update (weight decay, momentum, Nesterov) in one pass over a
 //!   parameter, its gradient and its velocity, split over the replica's threads, instead of
-//!   Burn's `Sgd`'s up to seven single-threaded passes; Burn's bit for bit. `kiln-train`'s
-//!   `FusedSgd` optimizer runs it.
+//!   Burn's `Sgd`'s up to seven single-threaded passes; Burn's bit for bit. The
+//!   [`FusedSgd`] optimizer (`sgd/`) runs it: Burn's `Sgd` with the same configuration.
 //!
 //! Results do not depend on the thread count: work is split into pieces that never write the
 //! same element, and every sum runs in an order fixed by the shapes.
@@ -65,7 +65,6 @@ mod direct_weight_gradient;
 mod flex_activation;
 mod flex_batch_norm;
 mod flex_conv;
-mod flex_sgd;
 mod gemm;
 mod geometry;
 mod im2col;
@@ -77,10 +76,6 @@ mod layer_speed;
 mod norm_extension;
 mod scratch;
 mod sgd;
-mod sgd_extension;
-mod sgd_rule;
-#[cfg(test)]
-mod sgd_tests;
 mod shifted;
 #[cfg(test)]
 mod shifted_tests;
@@ -108,6 +103,7 @@ pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
 pub use geometry::ConvGeometry;
 pub use isa::MAX_ISA_VARIABLE;
 pub use norm_extension::BatchNormKernel;
-pub use sgd::sgd_step;
-pub use sgd_extension::SgdKernel;
-pub use sgd_rule::{MomentumCoefficients, SgdCoefficients};
+pub use sgd::{
+    FusedSgd, FusedSgdConfig, FusedSgdState, MomentumCoefficients, SgdCoefficients, SgdKernel,
+    sgd_step,
+};

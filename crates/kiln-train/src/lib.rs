@@ -38,9 +38,6 @@ mod accumulate;
 mod engine;
 mod error;
 mod evaluate;
-mod fused_sgd;
-#[cfg(test)]
-mod fused_sgd_tests;
 mod mean_gradient;
 mod metrics;
 mod objective;
@@ -62,7 +59,6 @@ mod trainer;
 pub use engine::{EngineStep, StepEngine};
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
-pub use fused_sgd::{FusedSgd, FusedSgdConfig, FusedSgdState};
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
 pub use objective::{

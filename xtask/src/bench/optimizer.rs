@@ -6,8 +6,8 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Distribution, Tensor};
 use kiln::core::init_module;
+use kiln::kernels::FusedSgdConfig;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
-use kiln::train::FusedSgdConfig;
 
 use super::Output;
 use super::throughput::cores;

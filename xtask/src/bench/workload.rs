@@ -72,7 +72,7 @@ pub fn replica_devices(devices: &[Device], replicas: usize) -> Vec<Device> {
 /// SGD with momentum 0.9 (Burn's `Sgd` arithmetic in kiln's one-pass kernel): the optimizer
 /// every training benchmark uses.
 pub fn optimizer() -> burn::optim::ModuleOptimizer {
-    kiln::train::FusedSgdConfig::new()
+    kiln::kernels::FusedSgdConfig::new()
         .with_momentum(Some(
             burn::optim::momentum::MomentumConfig::new().with_momentum(0.9),
         ))

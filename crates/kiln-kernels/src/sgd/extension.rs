@@ -1,12 +1,12 @@
 //! SGD's update registered with Burn's runtime dispatch: Flex runs
-//! [`flex_sgd`](crate::flex_sgd)'s one parallel pass. Optimizers work on tensors outside the
+//! [`flex`](super::flex)'s one parallel pass. Optimizers work on tensors outside the
 //! autodiff graph, so there is no autodiff counterpart.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Flex, backend_extension};
 
-use crate::flex_sgd;
-use crate::sgd_rule::SgdCoefficients;
+use super::flex;
+use super::rule::SgdCoefficients;
 
 /// Backends that run kiln's SGD kernel. Call it through [`sgd_step`](crate::sgd_step), which
 /// routes other backends and dtypes to Burn's operations.
@@ -41,7 +41,7 @@ impl SgdKernel for Flex {
         grad: FloatTensor<Self>,
         coefficients: SgdCoefficients,
     ) -> FloatTensor<Self> {
-        flex_sgd::step(param, grad, None, coefficients).0
+        flex::step(param, grad, None, coefficients).0
     }
 
     fn kiln_sgd_momentum_step(
@@ -50,7 +50,7 @@ impl SgdKernel for Flex {
         velocity: FloatTensor<Self>,
         coefficients: SgdCoefficients,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (param, velocity) = flex_sgd::step(param, grad, Some(velocity), coefficients);
+        let (param, velocity) = flex::step(param, grad, Some(velocity), coefficients);
         (param, velocity.expect("momentum returns a velocity"))
     }
 
@@ -59,7 +59,7 @@ impl SgdKernel for Flex {
         grad: FloatTensor<Self>,
         coefficients: SgdCoefficients,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (param, velocity) = flex_sgd::step(param, grad, None, coefficients);
+        let (param, velocity) = flex::step(param, grad, None, coefficients);
         (param, velocity.expect("momentum returns a velocity"))
     }
 }

@@ -7,9 +7,9 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{Optimizer, SgdConfig, SgdState};
 use burn::tensor::{Device, Tensor};
 
-use crate::sgd_rule::SgdCoefficients;
+use super::rule::SgdCoefficients;
+use super::step::{burn_sgd_step, sgd_step};
 use crate::test_support::{in_pool, values};
-use crate::{sgd::burn_sgd_step, sgd_step};
 
 /// Elements per test tensor: several of the kernel's parallel pieces, and a ragged end.
 const LEN: usize = 3 * (1 << 14) + 123;

@@ -1,6 +1,7 @@
 //! SGD with weight decay and momentum, Burn's `Sgd` arithmetic in one parallel pass per
 //! parameter.
 
+use super::{SgdCoefficients, sgd_step};
 use burn::config::Config;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
@@ -9,7 +10,6 @@ use burn::optim::{
     LearningRate, ModuleOptimizer, Optimizer, RecordState, StateSink, StateSource, join_path,
 };
 use burn::tensor::{Device, Tensor};
-use kiln_kernels::{SgdCoefficients, sgd_step};
 
 /// Configuration of [`FusedSgd`]: the fields and defaults of Burn's `SgdConfig`, so that
 /// replacing one with the other changes a run's speed and nothing else.
@@ -17,7 +17,7 @@ use kiln_kernels::{SgdCoefficients, sgd_step};
 /// ```
 /// use burn::optim::momentum::MomentumConfig;
 /// use burn::optim::decay::WeightDecayConfig;
-/// use kiln_train::FusedSgdConfig;
+/// use kiln_kernels::FusedSgdConfig;
 ///
 /// let optimizer = FusedSgdConfig::new()
 ///     .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
@@ -46,7 +46,7 @@ impl FusedSgdConfig {
     }
 
     /// The optimizer for a whole module, with the configured gradient clipping: what
-    /// [`Trainer::builder`](crate::Trainer::builder) takes.
+    /// `kiln_train::Trainer::builder` takes.
     pub fn init(&self) -> ModuleOptimizer {
         let mut optimizer = ModuleOptimizer::from(self.build());
         if let Some(clipping) = &self.gradient_clipping {
@@ -57,7 +57,7 @@ impl FusedSgdConfig {
 }
 
 /// Stochastic gradient descent with optional weight decay, momentum and Nesterov momentum:
-/// Burn's `Sgd` bit for bit, run by [`kiln_kernels::sgd_step`] — on the CPU one pass over each
+/// Burn's `Sgd` bit for bit, run by [`sgd_step`] — on the CPU one pass over each
 /// parameter, its gradient and its velocity, split over the replica's threads and in place,
 /// where Burn's `Sgd` runs up to seven single-threaded element-wise operations, each with a
 /// buffer of its own (a ResNet-18 w64 step spent about 7 % of its busiest thread there).

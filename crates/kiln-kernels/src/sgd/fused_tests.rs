@@ -8,7 +8,7 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Distribution, Tensor};
 
-use crate::FusedSgdConfig;
+use super::FusedSgdConfig;
 
 fn device() -> Device {
     Device::flex().autodiff()

@@ -3,9 +3,9 @@
 
 use burn::tensor::{DType, Tensor};
 
+use super::extension::SgdKernel;
+use super::rule::SgdCoefficients;
 use crate::conv2d::on_flex;
-use crate::sgd_extension::SgdKernel;
-use crate::sgd_rule::SgdCoefficients;
 
 type Dispatch = burn::backend::Dispatch;
 

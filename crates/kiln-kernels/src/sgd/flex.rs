@@ -14,8 +14,8 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{Shape, TensorData};
 use rayon::prelude::*;
 
+use super::rule::SgdCoefficients;
 use crate::flex_activation::{each_in_place, readable, writable};
-use crate::sgd_rule::SgdCoefficients;
 use crate::simd::simd;
 use crate::zeroed::zeroed;
 
