@@ -10,6 +10,7 @@ use kiln_core::{FlatLayout, init_module, param_infos, read_params};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_ddp::{DataParallel, DdpConfig};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
+use kiln_test_support::change_error;
 use kiln_train::{LrSchedule, TrainPosition, Trainer};
 
 use crate::{CheckpointStore, Checkpointer, RunIdentity, resume, resume_owning};
@@ -20,7 +21,7 @@ const STEPS: usize = 8;
 /// f32 relative error allowed on parameter changes: 2 and 4 replicas add the same
 /// samples' gradients in another order (measured here: 4 -> 2 4.3e-7, 4 -> 3 4.9e-7; the
 /// control: 0.41).
-const TOLERANCE: f64 = 1e-5;
+const TOLERANCE: f32 = kiln_test_support::tolerance::REORDERED;
 
 pub(crate) fn model(device: &Device) -> ResNet {
     init_module(device, 4, || {
@@ -143,17 +144,6 @@ fn run(layout: Layout, dir: &Path, start: Option<PathBuf>) -> Ended {
     }
 }
 
-/// The largest relative error of `got`'s change from `start` against `want`'s.
-fn change_error(start: &[f32], want: &[f32], got: &[f32]) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for ((s, w), g) in start.iter().zip(want).zip(got) {
-        let (dw, dg) = (f64::from(w - s), f64::from(g - s));
-        diff += (dw - dg).powi(2);
-        norm += dw.powi(2);
-    }
-    (diff / norm.max(1e-30)).sqrt()
-}
-
 pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-elastic-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -163,7 +153,7 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
 #[test]
 fn saved_on_four_replicas_resumed_on_two_or_three_trains_like_the_uninterrupted_run() {
     let start = flat(&model(&Device::flex().autodiff()));
-    let elastic = |to: usize, sync_bn: bool| -> f64 {
+    let elastic = |to: usize, sync_bn: bool| -> f32 {
         let dir = scratch(&format!("four-{to}-{sync_bn}"));
         let four = Layout {
             sync_bn,

@@ -7,13 +7,9 @@ use burn::tensor::{DType, Device, Distribution, Tensor};
 
 use crate::batch_norm_inference;
 use crate::test_support::in_pool;
+use crate::test_support::tensor_relative_error as relative_error;
 
 const TOLERANCE: f32 = 1e-5;
-
-fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-    let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-12);
-    (a - b).abs().max().into_scalar::<f32>() / scale
-}
 
 /// `x`, `gamma`, `beta` and running statistics far from `x`'s own (mean 0.5, variance
 /// 0.5–2.5 against `x`'s mean `offset` and variance 4).

@@ -6,13 +6,9 @@ use burn::tensor::module::batch_norm_train as burn_batch_norm_train;
 use burn::tensor::{DType, Device, Distribution, Tensor};
 
 use crate::batch_norm_train;
+use crate::test_support::tensor_relative_error as relative_error;
 
 const TOLERANCE: f32 = 1e-4;
-
-fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-    let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-12);
-    (a - b).abs().max().into_scalar::<f32>() / scale
-}
 
 /// Output, mean, variance, and the gradients of x, gamma, beta for `sum(output · upstream)`.
 struct Run {

@@ -8,15 +8,10 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use kiln_core::init_module;
 
+use crate::test_support::tensor_relative_error as relative_error;
 use crate::{ConvGeometry, conv2d, conv2d_with, uses_kiln_kernel};
 
 const TOLERANCE: f32 = 1e-4;
-
-/// Largest |a − b| over the largest |b|.
-fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-    let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-12);
-    (a - b).abs().max().into_scalar::<f32>() / scale
-}
 
 /// Output, input gradient, weight gradient and (if any) bias gradient of
 /// `sum(forward(x) * upstream)`.

@@ -39,15 +39,16 @@ pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
-pub(crate) fn relative_error(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let worst = a
-        .iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-    worst / scale
+pub(crate) use kiln_test_support::relative_error;
+
+/// [`relative_error`] of two tensors' values.
+pub(crate) fn tensor_relative_error<const D: usize>(
+    a: burn::tensor::Tensor<D>,
+    b: burn::tensor::Tensor<D>,
+) -> f32 {
+    let values =
+        |t: burn::tensor::Tensor<D>| t.into_data().try_to_vec::<f32>().expect("f32 values");
+    relative_error(&values(a), &values(b))
 }
 
 /// `work` run in a rayon pool of `threads` threads.

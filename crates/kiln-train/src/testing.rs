@@ -225,30 +225,3 @@ pub fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
         })
         .collect()
 }
-
-/// The largest, over tensors, of how far `got`'s change from `start` is from `want`'s
-/// (the largest difference in the tensor over the largest change in it).
-///
-/// # Panics
-/// If the parameter sets differ.
-pub fn change_error(
-    got: &HashMap<String, Vec<f32>>,
-    want: &HashMap<String, Vec<f32>>,
-    start: &HashMap<String, Vec<f32>>,
-) -> f32 {
-    assert_eq!(got.len(), want.len(), "the same parameters");
-    want.iter()
-        .map(|(path, want)| {
-            let got = &got[path];
-            let change = want
-                .iter()
-                .zip(&start[path])
-                .fold(0.0f32, |m, (w, s)| m.max((w - s).abs()));
-            let error = got
-                .iter()
-                .zip(want)
-                .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()));
-            error / change.max(1e-12)
-        })
-        .fold(0.0, f32::max)
-}

@@ -7,14 +7,16 @@ use burn::tensor::Device;
 use kiln_resnet::ResNet;
 use kiln_train::{LrSchedule, Trainer};
 
-use crate::runtime::test_support::{by_path, change_error, fit_quietly, resnet, sgd, shuffled};
+use kiln_test_support::change_error;
+
+use crate::runtime::test_support::{by_path, fit_quietly, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineError};
 
 /// Relative error allowed on parameter changes against one device (as the pipeline's other
 /// equivalence tests).
-const TOLERANCE: f64 = 1e-5;
+const TOLERANCE: f32 = kiln_test_support::tolerance::SAME_ORDER;
 
 fn build(device: &Device) -> ResNet {
     resnet(device, 17)

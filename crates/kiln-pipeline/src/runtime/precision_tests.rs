@@ -11,7 +11,9 @@ use kiln_checkpoint::{CheckpointStore, Checkpointer, RunIdentity};
 use kiln_resnet::ResNet;
 use kiln_train::{EpochSummary, LrSchedule, StepRecord, TrainError, TrainObserver};
 
-use crate::runtime::test_support::{accumulating_on, by_path, change_error, resnet, sgd, shuffled};
+use kiln_test_support::change_error;
+
+use crate::runtime::test_support::{accumulating_on, by_path, resnet, sgd, shuffled};
 
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
@@ -21,7 +23,7 @@ const MICRO: usize = 4;
 const STEPS: usize = 4;
 /// Relative error allowed on parameter changes against one device in the same precision
 /// (measured here: equal bit for bit; the control, an f32 pipeline: 1.0).
-const TOLERANCE: f64 = 1e-4;
+const TOLERANCE: f32 = kiln_test_support::tolerance::SAME_ORDER;
 
 fn build(device: &Device) -> ResNet {
     resnet(device, 13)

@@ -15,7 +15,9 @@ use kiln_train::{
     Trainer,
 };
 
-use crate::runtime::test_support::{by_path, change_error, fit_quietly, resnet, sgd, shuffled};
+use kiln_test_support::change_error;
+
+use crate::runtime::test_support::{by_path, fit_quietly, resnet, sgd, shuffled};
 use crate::schedule::ScheduleKind;
 use crate::{Pipeline, PipelineConfig, PipelineReport};
 
@@ -27,7 +29,7 @@ const STEPS: usize = 10;
 /// Other plans add the same micro-batch gradients in the same order (measured here: equal
 /// bit for bit, every comparison below; the control without momentum: 0.43); other CPUs may
 /// round a split differently.
-const TOLERANCE: f64 = 1e-5;
+const TOLERANCE: f32 = kiln_test_support::tolerance::SAME_ORDER;
 
 fn build(device: &Device) -> ResNet {
     resnet(device, 11)

@@ -97,21 +97,3 @@ pub(crate) fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
         })
         .collect()
 }
-
-/// The relative error (in the whole model's norm) of `got`'s parameter changes from `start`
-/// against `want`'s.
-pub(crate) fn change_error(
-    start: &HashMap<String, Vec<f32>>,
-    want: &HashMap<String, Vec<f32>>,
-    got: &HashMap<String, Vec<f32>>,
-) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (path, s) in start {
-        for ((s, w), g) in s.iter().zip(&want[path]).zip(&got[path]) {
-            let (dw, dg) = (f64::from(w - s), f64::from(g - s));
-            diff += (dw - dg).powi(2);
-            norm += dw.powi(2);
-        }
-    }
-    (diff / norm.max(1e-30)).sqrt()
-}
