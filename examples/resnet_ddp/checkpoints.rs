@@ -4,7 +4,10 @@
 use std::path::PathBuf;
 
 use burn::optim::ModuleOptimizer;
-use kiln::checkpoint::{CheckpointStore, Checkpointer, RunIdentity, resume, resume_owning};
+use kiln::checkpoint::{
+    CheckpointError, CheckpointStore, Checkpointer, Restarts, ResumeFrom, RunIdentity, resume,
+    resume_owning,
+};
 use kiln::resnet::ResNet;
 use kiln::train::{RunLog, StepState, TrainError, TrainPosition};
 
@@ -34,12 +37,6 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
     }
     if args.max_restarts > 0 && args.comm == crate::args::CommArg::Mpi {
         return Err("--max-restarts restarts in-process runs; under MPI relaunch mpirun with --resume latest".into());
-    }
-    if args.max_restarts > 0 && args.pipeline.is_some() {
-        return Err(
-            "--max-restarts restarts data-parallel runs; relaunch a pipeline with --resume latest"
-                .into(),
-        );
     }
     let named = unsupported(args);
     if (args.checkpoint_every.is_some() || args.resume.is_some()) && !named.is_empty() {
@@ -89,35 +86,40 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
 
 /// The checkpoint to resume from, if any (`--resume latest` without one: none, said).
 pub fn resume_from(args: &Args) -> Result<Option<PathBuf>, String> {
-    match args.resume.as_deref() {
-        None => {
-            // A fresh run must not mix its checkpoints with an earlier run's.
-            if let Some(store) = store(args)
-                && let Some(latest) = store.latest().map_err(|err| err.to_string())?
-            {
-                return Err(format!(
-                    "{} already holds checkpoints of a run (latest: {}): continue it with --resume latest, or use another --run-dir",
-                    store.dir().display(),
-                    latest.display()
-                ));
-            }
-            Ok(None)
+    let from = args
+        .resume
+        .as_deref()
+        .map_or(ResumeFrom::Fresh, |text| match text.parse() {
+            Ok(from) => from,
+            Err(never) => match never {},
+        });
+    let store = store(args);
+    let resolved = from.resolve(store.as_ref()).map_err(|err| match err {
+        CheckpointError::Occupied { .. } => {
+            format!("{err} (--resume latest continues it; or pass another --run-dir)")
         }
-        Some("latest") => {
-            let dir = args
-                .run_dir
-                .as_ref()
-                .expect("checked: --resume latest has --run-dir");
-            let latest = latest_whole(&store(args).expect("a run directory"))?;
-            if latest.is_none() {
-                println!(
-                    "resume: no checkpoint in {} yet, starting fresh",
-                    dir.join("checkpoints").display()
-                );
-            }
-            Ok(latest)
-        }
-        Some(path) => Ok(Some(PathBuf::from(path))),
+        err => err.to_string(),
+    })?;
+    if let (ResumeFrom::Latest, None, Some(store)) = (&from, &resolved, &store) {
+        println!(
+            "resume: no checkpoint in {} yet, starting fresh",
+            store.dir().display()
+        );
+    }
+    Ok(resolved)
+}
+
+/// Runs `attempt` (from `start`), restarted from the latest checkpoint after a failure up to
+/// `--max-restarts` times (checked: restarts have a run directory to resume from).
+pub fn with_restarts<T>(
+    args: &Args,
+    start: Option<PathBuf>,
+    mut attempt: impl FnMut(Option<&std::path::Path>) -> Result<T, Box<dyn std::error::Error>>,
+) -> Result<T, Box<dyn std::error::Error>> {
+    match store(args) {
+        Some(store) => Restarts::new(&store, args.max_restarts).run(start, attempt),
+        // Without a run directory nothing restarts (checked by `refuse_conflicts`).
+        None => attempt(start.as_deref()),
     }
 }
 
@@ -211,25 +213,6 @@ pub fn record_config(args: &Args, plan: Option<&kiln::planner::Plan>) -> Result<
             .map_err(|err| format!("{}: {err}", path.display()))?;
     }
     Ok(())
-}
-
-/// The checkpoint a restart resumes from: the latest, or the start when there is none yet.
-pub fn restart_from(args: &Args) -> Result<Option<PathBuf>, String> {
-    store(args)
-        .map(|store| latest_whole(&store))
-        .transpose()
-        .map(Option::flatten)
-}
-
-/// The newest checkpoint in `store` that verifies, saying which newer ones were skipped.
-fn latest_whole(store: &kiln::checkpoint::CheckpointStore) -> Result<Option<PathBuf>, String> {
-    let Some(latest) = store.latest_whole().map_err(|err| err.to_string())? else {
-        return Ok(None);
-    };
-    for (path, why) in &latest.skipped {
-        eprintln!("resume: skipping {} ({why})", path.display());
-    }
-    Ok(Some(latest.path))
 }
 
 /// With a run directory, SIGTERM (a preempted job) stops training at the next step with a

@@ -28,6 +28,12 @@ impl std::str::FromStr for Fault {
 /// Fired once: the restarted run does not fail again.
 static FIRED: AtomicBool = AtomicBool::new(false);
 
+/// Whether a fault may still be injected (true once per process: the pipeline's stages
+/// inject it themselves, so the first attempt takes it).
+pub fn arm() -> bool {
+    !FIRED.swap(true, Ordering::SeqCst)
+}
+
 /// A gradient step that panics at the fault's step (once per process), else the inner
 /// step's.
 pub struct Faulty<S> {

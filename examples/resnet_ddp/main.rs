@@ -193,7 +193,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     if let Some(stages) = args.pipeline {
         checkpoints::record_config(&args, None)?;
         let shape = pipeline::PipelineRun::by_hand(&args, stages);
-        return pipeline::run(&args, &setup, devices, shape);
+        return pipeline::run_restarting(&args, &mut setup, devices, shape);
     }
     // MPI runs are data parallel over every process's devices (planned per process, they
     // would be planned apart); the in-process run asks the planner.
@@ -223,13 +223,6 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
                 split,
                 ..
             } => {
-                if args.max_restarts > 0 {
-                    return Err(format!(
-                        "the plan is a pipeline ({}): --max-restarts restarts data-parallel runs (relaunch with --resume latest, or pass --plan dp)",
-                        plan.summary()
-                    )
-                    .into());
-                }
                 let shape = pipeline::PipelineRun {
                     stages: *stages,
                     data_parallel: *data_parallel,
@@ -240,7 +233,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
                     predicted_step,
                     gradient_checkpointing: plan.gradient_checkpointing,
                 };
-                return pipeline::run(&args, &setup, devices, shape);
+                return pipeline::run_restarting(&args, &mut setup, devices, shape);
             }
             Layout::DataParallel { batches } => {
                 if batches.len() != devices.len() {
@@ -260,32 +253,14 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     let outcomes: Vec<Outcome> = match args.comm {
         CommArg::Local => {
             announce(&args, &setup, devices.len(), &args.devices);
-            let mut restarts = 0;
-            loop {
+            let start = setup.resume_from.clone();
+            checkpoints::with_restarts(&args, start, |from| {
+                setup.resume_from = from.map(std::path::Path::to_path_buf);
                 let run = DataParallel::new(devices.clone())
                     .config(config.clone())
-                    .run(|replica| train_replica(replica, &args, &setup));
-                match run {
-                    Ok(outcomes) => break outcomes,
-                    Err(err) if restarts < args.max_restarts => {
-                        restarts += 1;
-                        // The latest checkpoint of this run, else where it started.
-                        let started_from = setup.resume_from.take();
-                        setup.resume_from = checkpoints::restart_from(&args)?.or(started_from);
-                        eprintln!(
-                            "restart {restarts} of {}: {err}; resuming from {}",
-                            args.max_restarts,
-                            setup
-                                .resume_from
-                                .as_ref()
-                                .map_or("the start (no checkpoint yet)".into(), |p| p
-                                    .display()
-                                    .to_string())
-                        );
-                    }
-                    Err(err) => return Err(err.into()),
-                }
-            }
+                    .run(|replica| train_replica(replica, &args, &setup))?;
+                Ok(run)
+            })?
         }
         CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };

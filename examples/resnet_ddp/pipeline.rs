@@ -12,6 +12,7 @@ use crate::Setup;
 use crate::args::Args;
 
 /// The shape of a pipelined run: given by hand (--pipeline) or planned.
+#[derive(Clone)]
 pub struct PipelineRun {
     pub stages: usize,
     /// Pipelines (D).
@@ -46,7 +47,22 @@ impl PipelineRun {
     }
 }
 
-pub fn run(
+/// Runs the pipeline, restarted from its latest checkpoint after a failure (`--max-restarts`,
+/// in one process).
+pub fn run_restarting(
+    args: &Args,
+    setup: &mut Setup,
+    devices: Vec<Device>,
+    shape: PipelineRun,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let start = setup.resume_from.clone();
+    crate::checkpoints::with_restarts(args, start, |from| {
+        setup.resume_from = from.map(std::path::Path::to_path_buf);
+        run(args, setup, devices.clone(), shape.clone())
+    })
+}
+
+fn run(
     args: &Args,
     setup: &Setup,
     devices: Vec<Device>,
@@ -104,8 +120,12 @@ pub fn run(
         accumulation: args.accumulation,
         check_every: args.check_every,
         gradient_checkpointing: shape.gradient_checkpointing,
-        // `--inject-fault panic-at-step:N`: the last stage panics at step N.
-        panic_at_step: args.inject_fault.map(|fault| fault.step),
+        // `--inject-fault panic-at-step:N`: the last stage panics at step N (in the first
+        // attempt only: a restarted run does not fail again).
+        panic_at_step: args
+            .inject_fault
+            .filter(|_| crate::faults::arm())
+            .map(|fault| fault.step),
         ..PipelineConfig::default()
     };
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))

@@ -31,6 +31,14 @@ pub enum CheckpointError {
         /// Each difference, named.
         differences: String,
     },
+    /// A fresh run was pointed at a store that holds another run's checkpoints.
+    #[error("{} already holds checkpoints of a run (latest: {}): resume that run from its latest checkpoint, or save this one elsewhere", dir.display(), latest.display())]
+    Occupied {
+        /// The store's directory.
+        dir: PathBuf,
+        /// Its newest checkpoint.
+        latest: PathBuf,
+    },
     /// There is nothing to resume from where a checkpoint was named.
     #[error("no checkpoint at {}", path.display())]
     Missing {

@@ -6,6 +6,8 @@
 //! - [`Checkpointer`]: the trainer's [`CheckpointHook`](kiln_train::CheckpointHook): the
 //!   model's weights in Burn's burnpack format (loadable in plain Burn), the optimizer's
 //!   state, each parameter's id, and where the run stood.
+//! - [`ResumeFrom`]: where a run starts (fresh, the latest whole checkpoint, a named one);
+//!   [`Restarts`]: a failed attempt run again from the newest checkpoint that verifies.
 //! - [`resume`]: the model, optimizer and position back, after checking the files and that
 //!   the checkpoint is of this run ([`RunIdentity`]: the model and the options that change
 //!   the arithmetic); the trainer continues with the batches not yet seen.
@@ -51,6 +53,9 @@ mod optimizer_parts;
 mod parts;
 #[cfg(test)]
 mod parts_tests;
+mod restart;
+#[cfg(test)]
+mod restart_tests;
 mod snapshot;
 mod stage_part_files;
 #[cfg(test)]
@@ -67,6 +72,7 @@ pub use error::CheckpointError;
 pub use manifest::{FORMAT, FileEntry, MANIFEST, Manifest, Position, RunIdentity};
 pub use optimizer_parts::{join_optimizer_parts, optimizer_part_bytes, optimizer_part_name};
 pub use parts::PartsToCollect;
+pub use restart::{Restarts, ResumeFrom};
 pub use snapshot::{
     assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
 };
