@@ -19,8 +19,8 @@ use crate::{CheckpointStore, Checkpointer, RunIdentity, resume, resume_owning};
 const GLOBAL: usize = 32;
 const STEPS: usize = 8;
 /// f32 relative error allowed on parameter changes: 2 and 4 replicas add the same
-/// samples' gradients in another order (measured here: 4 -> 2 4.3e-7, 4 -> 3 4.9e-7; the
-/// control: 0.41).
+/// samples' gradients in another order (measured here: 4 -> 2 4.2e-7, 4 -> 3 7.5e-7; the
+/// control: 0.38).
 const TOLERANCE: f32 = kiln_test_support::tolerance::REORDERED;
 
 pub(crate) fn model(device: &Device) -> ResNet {
@@ -172,6 +172,9 @@ fn saved_on_four_replicas_resumed_on_two_or_three_trains_like_the_uninterrupted_
     // 32 samples per step: 2 x 16, or 11 + 11 + 10 (uneven shares of each step's samples).
     for to in [2, 3] {
         let synced = elastic(to, true);
+        eprintln!(
+            "4 -> {to} with synchronised batch norm: relative error of the change {synced:e}"
+        );
         assert!(
             synced <= TOLERANCE,
             "4 -> {to} replicas with synchronised batch norm: relative error {synced:e} on the parameter changes"
@@ -180,6 +183,7 @@ fn saved_on_four_replicas_resumed_on_two_or_three_trains_like_the_uninterrupted_
     // The control: per-replica batch norm sees 16 samples on 2 replicas, 8 on 4, so the
     // continued run differs; the comparison can fail.
     let control = elastic(2, false);
+    eprintln!("the control: {control:e}");
     assert!(control > 100.0 * TOLERANCE, "control error {control:e}");
 }
 
@@ -210,17 +214,19 @@ fn zero1_parts_are_joined_and_recut_for_another_replica_count_with_or_without_ze
         let ended = run(layout, &scratch("zero-fewer"), Some(saved.clone()));
         (change_error(&start, &whole.params, &ended.params), ended)
     };
-    // Measured here: 4 -> 3 with ZeRO-1 4.9e-7, 4 with ZeRO-1 -> 2 without 4.3e-7.
+    // Measured here: 4 -> 3 with ZeRO-1 7.5e-7, 4 with ZeRO-1 -> 2 without 4.2e-7.
     // On 3 replicas with ZeRO-1: each keeps the state of its own parameters only.
     let (error, three) = resume_on(Layout {
         zero1: true,
         ..Layout::new(3)
     });
+    eprintln!("4 -> 3 with ZeRO-1: relative error of the change {error:e}");
     assert!(error <= TOLERANCE, "4 -> 3 with ZeRO-1: {error:e}");
     assert_eq!(three.state_tensors.iter().sum::<usize>(), params);
     assert!(three.state_tensors.iter().all(|&n| 0 < n && n < params));
     // On 2 replicas without ZeRO-1: every replica holds the whole state.
     let (error, two) = resume_on(Layout::new(2));
+    eprintln!("4 with ZeRO-1 -> 2 without: relative error of the change {error:e}");
     assert!(error <= TOLERANCE, "4 with ZeRO-1 -> 2 without: {error:e}");
     assert_eq!(two.state_tensors, vec![params; 2]);
     // The control: the same resume with the optimizer's state lost differs.
@@ -229,6 +235,7 @@ fn zero1_parts_are_joined_and_recut_for_another_replica_count_with_or_without_ze
         drop_optimizer_state: true,
         ..Layout::new(3)
     });
+    eprintln!("the control (the optimizer's state lost): {control:e}");
     assert!(control > 100.0 * TOLERANCE, "control error {control:e}");
     std::fs::remove_dir_all(&dir).ok();
 }
