@@ -91,11 +91,11 @@ fn latest_whole(store: &CheckpointStore) -> Result<Option<PathBuf>, CheckpointEr
 /// let dir = std::env::temp_dir().join(format!("kiln-doc-restarts-{}", std::process::id()));
 /// let store = CheckpointStore::new(&dir, 3);
 /// let mut attempts = Vec::new();
-/// let result: Result<&str, String> = Restarts::new(&store, 2).run(None, |from| {
+/// let result: Result<&str, Box<dyn std::error::Error>> = Restarts::new(&store, 2).run(None, |from| {
 ///     attempts.push(from.map(|p| p.to_path_buf()));
-///     if attempts.len() < 3 { Err("a replica failed".to_string()) } else { Ok("trained") }
+///     if attempts.len() < 3 { Err("a replica failed".into()) } else { Ok("trained") }
 /// });
-/// assert_eq!(result, Ok("trained"));
+/// assert_eq!(result.unwrap(), "trained");
 /// assert_eq!(attempts, vec![None, None, None], "nothing saved: each restart from the start");
 /// ```
 pub struct Restarts<'a> {
