@@ -78,16 +78,6 @@ where
     E: StepEngine<B>,
     S: BatchSource<Batch = B> + ?Sized,
 {
-    let LoopOptions {
-        schedule,
-        budget,
-        start,
-        stop,
-        observers,
-        mut valid,
-        progress,
-        log_epochs,
-    } = options;
     let per_step = engine.batches_per_step();
     let per_epoch = train.num_batches() / per_step.max(1);
     if per_epoch == 0 {
@@ -97,6 +87,7 @@ where
         ))
         .into());
     }
+    let start = options.start;
     if start.step_in_epoch >= per_epoch {
         return Err(TrainError::Checkpoint(format!(
             "resuming at step {} of epoch {}, which has only {per_epoch} steps (another batch size or data set?)",
@@ -104,30 +95,82 @@ where
         ))
         .into());
     }
-    let (epochs, total_steps) = match budget {
+    let (epochs, total_steps) = match options.budget {
         Budget::Epochs(epochs) => (epochs, epochs * per_epoch),
         Budget::Steps(steps) => (steps.div_ceil(per_epoch), steps),
     };
-    let mut report = TrainReport::default();
-    let mut step = start.step;
-    let mut saved_at_stop = false;
-    'epochs: for epoch in start.epoch..epochs {
+    let mut run = Run {
+        options,
+        per_step,
+        per_epoch,
+        total_steps,
+        report: TrainReport::default(),
+        step: start.step,
+        saved_at_stop: false,
+    };
+    for epoch in start.epoch..epochs {
         // A resumed epoch skips the steps done before the checkpoint.
         let skip = if epoch == start.epoch {
             start.step_in_epoch
         } else {
             0
         };
-        let steps_this_epoch = (per_epoch - skip).min(total_steps.saturating_sub(step));
-        if steps_this_epoch == 0 {
+        let steps = (per_epoch - skip).min(total_steps.saturating_sub(run.step));
+        if steps == 0 {
             // Resumed at the end of training: nothing is left to do.
             break;
         }
-        let bar = epoch_bar(progress, epoch, steps_this_epoch);
+        let Some((sums, elapsed)) = run.epoch(engine, train, epoch, skip..skip + steps)? else {
+            break; // stopped mid-epoch: the resumed run finishes the epoch (and validates it)
+        };
+        run.end_epoch(engine, epoch, sums, elapsed)?;
+        if run.report.stopped_at.is_some() {
+            break;
+        }
+    }
+    engine.finish()?;
+    if run.options.log_epochs {
+        print_end(&run.report, run.step, run.saved_at_stop);
+    }
+    Ok(run.report)
+}
+
+/// A run under way: its options and what it has recorded.
+struct Run<'a, B> {
+    options: LoopOptions<'a, B>,
+    /// Loader batches per step.
+    per_step: usize,
+    /// Steps per epoch.
+    per_epoch: usize,
+    /// The step training ends at.
+    total_steps: usize,
+    report: TrainReport,
+    /// Steps done.
+    step: usize,
+    /// Whether a checkpoint was saved where a stop request ended the run.
+    saved_at_stop: bool,
+}
+
+impl<B: Batch> Run<'_, B> {
+    /// Runs epoch `epoch`'s steps `steps` (after the ones done before a resume): its sums
+    /// and time, or `None` when a stop request ended it midway.
+    fn epoch<E, S>(
+        &mut self,
+        engine: &mut E,
+        train: &mut S,
+        epoch: usize,
+        steps: std::ops::Range<usize>,
+    ) -> Result<Option<(EpochSums, Duration)>, E::Error>
+    where
+        E: StepEngine<B>,
+        S: BatchSource<Batch = B> + ?Sized,
+    {
+        let per_step = self.per_step;
+        let bar = epoch_bar(self.options.progress, epoch, steps.len());
         let mut sums = EpochSums::default();
         let started = Instant::now();
-        let mut batches = train.batches(epoch as u64, skip * per_step);
-        for done_in_epoch in skip + 1..=skip + steps_this_epoch {
+        let mut batches = train.batches(epoch as u64, steps.start * per_step);
+        for done_in_epoch in steps.start + 1..=steps.end {
             let step_start = Instant::now();
             // Any source: the time the step waits for its batches is the data wait.
             let taken = batches
@@ -137,11 +180,13 @@ where
             let data_wait = step_start.elapsed();
             if taken.len() < per_step {
                 return Err(TrainError::Config(format!(
-                    "the training data's epoch {epoch} ended before its step {done_in_epoch} of {per_epoch} (it gave fewer batches than it said)"
+                    "the training data's epoch {epoch} ended before its step {done_in_epoch} of {} (it gave fewer batches than it said)",
+                    self.per_epoch
                 ))
                 .into());
             }
-            let lr = schedule.lr(step);
+            let step = self.step;
+            let lr = self.options.schedule.lr(step);
             let out = engine.step(taken, step, lr)?;
             if !out.loss.is_finite() {
                 return Err(TrainError::NonFiniteLoss {
@@ -160,37 +205,29 @@ where
                 data_wait,
                 loss_scale: out.loss_scale,
             };
-            report.first_step.get_or_insert_with(|| FirstStep {
+            self.report.first_step.get_or_insert_with(|| FirstStep {
                 finished: Instant::now(),
                 took: step_start.elapsed(),
             });
-            for observer in observers.iter_mut() {
+            for observer in self.options.observers.iter_mut() {
                 observer.on_step(&record)?;
             }
             sums.add(&out, data_wait);
-            step += 1;
-            let position = if done_in_epoch == per_epoch {
+            self.step += 1;
+            let position = if done_in_epoch == self.per_epoch {
                 TrainPosition {
-                    step,
+                    step: self.step,
                     epoch: epoch + 1,
                     step_in_epoch: 0,
                 }
             } else {
                 TrainPosition {
-                    step,
+                    step: self.step,
                     epoch,
                     step_in_epoch: done_in_epoch,
                 }
             };
-            // Without a flag nobody can ask: no agreement (no collective) is needed.
-            let stopping = match stop {
-                Some(flag) => engine.agree_to_stop(flag.is_requested())?,
-                None => false,
-            };
-            let save = engine.checkpoint_due(&position, stopping || step == total_steps);
-            if save {
-                engine.checkpoint(&position)?;
-            }
+            let stopping = self.after_step(engine, &position)?;
             bar.inc(1);
             bar.set_message(format!(
                 "loss {:.4} acc {:5.1}% {:.0} img/s lr {lr:.4}",
@@ -198,14 +235,12 @@ where
                 100.0 * record.accuracy,
                 record.images_per_sec
             ));
-            report.steps.push(record);
+            self.report.steps.push(record);
             if stopping {
-                report.stopped_at = Some(position);
-                saved_at_stop = save;
+                self.report.stopped_at = Some(position);
                 if position.step_in_epoch != 0 {
-                    // Mid-epoch: the resumed run finishes the epoch (and validates it).
                     bar.finish_and_clear();
-                    break 'epochs;
+                    return Ok(None);
                 }
                 // The epoch's last step: validate and log the epoch, then stop.
                 break;
@@ -213,9 +248,43 @@ where
         }
         // The finished epoch's iterator holds the source: let it go first.
         drop(batches);
-        let elapsed = started.elapsed();
         bar.finish_and_clear();
-        let valid = valid
+        Ok(Some((sums, started.elapsed())))
+    }
+
+    /// After a step that ended at `position`: the stop agreement and a checkpoint when one
+    /// is due; whether training stops here.
+    fn after_step<E: StepEngine<B>>(
+        &mut self,
+        engine: &mut E,
+        position: &TrainPosition,
+    ) -> Result<bool, E::Error> {
+        // Without a flag nobody can ask: no agreement (no collective) is needed.
+        let stopping = match self.options.stop {
+            Some(flag) => engine.agree_to_stop(flag.is_requested())?,
+            None => false,
+        };
+        let save = engine.checkpoint_due(position, stopping || self.step == self.total_steps);
+        if save {
+            engine.checkpoint(position)?;
+        }
+        if stopping {
+            self.saved_at_stop = save;
+        }
+        Ok(stopping)
+    }
+
+    /// Ends epoch `epoch` (validation through the engine) and records its summary.
+    fn end_epoch<E: StepEngine<B>>(
+        &mut self,
+        engine: &mut E,
+        epoch: usize,
+        sums: EpochSums,
+        elapsed: Duration,
+    ) -> Result<(), E::Error> {
+        let valid = self
+            .options
+            .valid
             .as_deref_mut()
             .map(|v| v as &mut dyn BatchSource<Batch = B>);
         let evaluation = engine.end_epoch(epoch, valid)?;
@@ -229,22 +298,15 @@ where
             elapsed,
             data_wait: sums.data_wait,
         };
-        if log_epochs {
+        if self.options.log_epochs {
             println!("{summary}");
         }
-        for observer in observers.iter_mut() {
+        for observer in self.options.observers.iter_mut() {
             observer.on_epoch(&summary)?;
         }
-        report.epochs.push(summary);
-        if report.stopped_at.is_some() {
-            break;
-        }
+        self.report.epochs.push(summary);
+        Ok(())
     }
-    engine.finish()?;
-    if log_epochs {
-        print_end(&report, step, saved_at_stop);
-    }
-    Ok(report)
 }
 
 /// The run's last lines: where a stop ended it, and its throughput.
