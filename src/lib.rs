@@ -19,6 +19,7 @@
 //! - [`resnet`] — the ResNet family.
 //!
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 #[doc = include_str!("../README.md")]

@@ -18,6 +18,7 @@
 //!   (initially 2^16), unscaled in f32, and checked: any inf/NaN skips the step and halves
 //!   the scale; 2000 consecutive finite steps double it. bf16 (f32's exponent range) runs
 //!   without a scaler by default. The scaler's state serialises with serde for checkpoints.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod cast;

@@ -38,6 +38,7 @@
 //! # std::fs::remove_dir_all(&dir).ok();
 //! # Ok::<(), kiln_checkpoint::CheckpointError>(())
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod checkpointer;

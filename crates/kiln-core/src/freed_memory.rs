@@ -128,10 +128,8 @@ mod tests {
         // Control: with blocks this large served by `mmap` (glibc's default threshold, held
         // fixed), every buffer faults its pages in again; the counter must see that.
         // SAFETY: as in `retain_freed_memory`; 128 KiB is glibc's own default.
-        assert_eq!(
-            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) },
-            1
-        );
+        let set = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
+        assert_eq!(set, 1);
         // (2048 faults with 4 KiB pages; as few as 4 where transparent huge pages back it.)
         let mapped: Vec<i64> = (0..2).map(|_| faults_of_one_buffer()).collect();
         let fewest = *mapped.iter().min().expect("two counts");

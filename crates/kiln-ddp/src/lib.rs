@@ -40,6 +40,7 @@
 //!   ([`Replica::overlapped_step_with`], [`Replica::non_overlapped_step_with`]) train any
 //!   [`Forward`](kiln_core::Forward) / [`Segmented`](kiln_core::Segmented) model for any
 //!   [`Objective`](kiln_train::Objective) (its batches, its loss), every option included.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod balance;

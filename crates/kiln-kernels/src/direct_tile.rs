@@ -336,7 +336,8 @@ unsafe fn accumulate_avx512<
     let input = source.input.as_ptr();
     let mut operand = source.operand.as_ptr();
     let out = tile.as_mut_ptr();
-    // SAFETY (all pointer accesses below): within the bounds this function's contract states.
+    // SAFETY: every pointer access below stays within the bounds this function's contract
+    // states.
     unsafe {
         let mut sums: [[__m512; 2]; MAX_ACCUMULATORS] =
             [[_mm512_setzero_ps(); 2]; MAX_ACCUMULATORS];

@@ -86,7 +86,8 @@ unsafe fn block_sums<const N: usize>(
     let input = input.as_ptr();
     let operand = operand.as_ptr();
     let out = out.as_mut_ptr();
-    // SAFETY (all pointer accesses below): within the bounds of this function's contract.
+    // SAFETY: every pointer access below stays within the bounds of this function's
+    // contract.
     unsafe {
         let bases: [*const f32; N] = std::array::from_fn(|p| input.add(positions[p]));
         let mut sums = [[_mm256_setzero_ps(); 2]; N];

@@ -29,6 +29,7 @@
 //! assert_eq!(timeline.peak_in_flight(0), 2);
 //! # Ok::<(), kiln_pipeline::schedule::ScheduleError>(())
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod runtime;

@@ -16,6 +16,7 @@
 //! let wrong = HashMap::from([("w".to_string(), vec![0.6f32, 2.5])]);
 //! assert!(change_error(&start, &want, &wrong) > tolerance::HALF_PRECISION);
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod compare;

@@ -34,6 +34,7 @@
 //! }
 //! assert_eq!(batches, 4);
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod batch;

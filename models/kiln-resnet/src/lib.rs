@@ -15,6 +15,7 @@
 //! let logits = model.forward(Tensor::zeros([2, 3, 32, 32], &device));
 //! assert_eq!(logits.dims(), [2, 10]);
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod block;
