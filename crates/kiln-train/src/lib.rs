@@ -38,6 +38,7 @@ mod accumulate;
 mod engine;
 mod error;
 mod evaluate;
+mod language_modeling;
 mod mean_gradient;
 mod metrics;
 mod objective;
@@ -59,6 +60,7 @@ mod trainer;
 pub use engine::{EngineStep, StepEngine};
 pub use error::TrainError;
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
+pub use language_modeling::LanguageModeling;
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
 pub use objective::{

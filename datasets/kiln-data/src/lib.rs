@@ -45,6 +45,7 @@ mod rng;
 mod sampler;
 mod samples;
 mod source;
+mod text;
 mod transform;
 
 pub use batch::{ImageBatch, ImageItem};
@@ -54,4 +55,5 @@ pub use loader::{DataLoader, DataLoaderBuilder, EpochIter};
 pub use sampler::{DistributedSampler, proportional_split};
 pub use samples::{Batch, BatchList, BatchSource, Batches, cut_batch};
 pub use source::{BurnDataset, ImageSource};
+pub use text::{TextCorpus, TextWindows, TextWindowsBuilder, TokenBatch};
 pub use transform::Transform;

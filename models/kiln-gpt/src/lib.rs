@@ -30,6 +30,8 @@ mod config;
 mod model;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod training_tests;
 
 pub use block::Block;
 pub use config::GptConfig;

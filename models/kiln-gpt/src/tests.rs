@@ -43,12 +43,17 @@ fn a_position_sees_only_the_tokens_before_it() {
     let again = model.forward(changed);
     let before = logits.clone().slice([0..2, 0..6]);
     let after = again.clone().slice([0..2, 0..6]);
-    before.into_data().assert_approx_eq::<f32>(&after.into_data(), Default::default());
+    before
+        .into_data()
+        .assert_approx_eq::<f32>(&after.into_data(), Default::default());
     let moved = (logits.slice([0..2, 6..10]) - again.slice([0..2, 6..10]))
         .abs()
         .max()
         .into_scalar::<f32>();
-    assert!(moved > 1e-4, "the changed positions' logits moved by {moved}");
+    assert!(
+        moved > 1e-4,
+        "the changed positions' logits moved by {moved}"
+    );
 }
 
 #[test]
@@ -69,10 +74,17 @@ fn the_tied_head_is_the_token_embedding_and_segments_reproduce_the_forward() {
         hidden = model.forward_middle(index, hidden);
     }
     let pieces = model.forward_output(hidden);
-    whole.clone().into_data().assert_eq(&pieces.into_data(), true);
+    whole
+        .clone()
+        .into_data()
+        .assert_eq(&pieces.into_data(), true);
     // The head's gradient reaches the token embedding: both uses add into one tensor.
     let grads = whole.sum().backward();
-    let embedding = model.token.weight.grad(&grads).expect("the embedding trains");
+    let embedding = model
+        .token
+        .weight
+        .grad(&grads)
+        .expect("the embedding trains");
     let rows_not_in_input = embedding.slice([50..64]).abs().sum().into_scalar::<f32>();
     assert!(
         rows_not_in_input > 0.0,

@@ -30,6 +30,8 @@ pub use report::{PipelineReport, StageReport};
 #[cfg(test)]
 mod checkpoint_tests;
 #[cfg(test)]
+mod gpt_tests;
+#[cfg(test)]
 mod objective_tests;
 #[cfg(test)]
 mod options_tests;

@@ -1,0 +1,106 @@
+//! A transformer language model through the pipeline: token ids enter the first stage, the
+//! last scores its logits against the next tokens. An untied GPT on 2 stages (1F1B, and
+//! interleaved with 2 chunks a stage) trains like one device accumulating the same
+//! micro-batches of the same text windows.
+
+use std::collections::HashMap;
+
+use burn::tensor::Device;
+use kiln_data::{TextCorpus, TextWindows};
+use kiln_gpt::{Gpt, GptConfig};
+use kiln_test_support::change_error;
+use kiln_test_support::tolerance::SAME_ORDER;
+use kiln_train::{LanguageModeling, LocalStep, LrSchedule, Trainer};
+
+use crate::runtime::test_support::{by_path, sgd};
+use crate::schedule::ScheduleKind;
+use crate::{Pipeline, PipelineConfig};
+
+const CONTEXT: usize = 16;
+const BATCH: usize = 8;
+const MICRO: usize = 4;
+const STEPS: usize = 3;
+const LR: f64 = 0.05;
+
+fn build(device: &Device) -> Gpt {
+    kiln_core::init_module(device, 21, || {
+        GptConfig::new(256, CONTEXT, 4, 2, 16)
+            .with_tied(false)
+            .init(device)
+    })
+}
+
+/// Windows of the Jargon File's first 20,000 bytes, `batch` a batch, seeded.
+fn windows(batch: usize) -> TextWindows {
+    let text = TextCorpus::jargon_file();
+    let head = TextCorpus::from_bytes("the Jargon File's head", &text.tokens()[..20_000]);
+    TextWindows::builder(head)
+        .context(CONTEXT)
+        .batch_size(batch)
+        .seed(5)
+        .device(Device::flex().autodiff())
+        .build()
+        .unwrap()
+}
+
+/// One device accumulating `MICRO` batches of `BATCH / MICRO` windows a step: the same
+/// windows, in the same order, as the pipeline's micro-batches.
+fn one_device(lr: f64) -> HashMap<String, Vec<f32>> {
+    let device = Device::flex().autodiff();
+    let (model, _) = Trainer::with_objective(build(&device), sgd(), LanguageModeling)
+        .gradient_step(LocalStep::with_objective(LanguageModeling))
+        .schedule(LrSchedule::constant(lr))
+        .train_loader(windows(BATCH / MICRO))
+        .accumulation_steps(MICRO)
+        .max_steps(STEPS)
+        .progress(false)
+        .log_epochs(false)
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    by_path(&model)
+}
+
+#[test]
+fn an_untied_gpt_trains_in_stages_like_one_device() {
+    let start = by_path(&build(&Device::flex().autodiff()));
+    let want = one_device(LR);
+    for schedule in [
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved { virtual_stages: 2 },
+    ] {
+        let config = PipelineConfig {
+            schedule,
+            micro_batches: MICRO,
+            ..PipelineConfig::default()
+        };
+        let report = Pipeline::with_objective(vec![Device::flex(); 2], LanguageModeling)
+            .config(config)
+            .progress(false)
+            .train(
+                build,
+                sgd,
+                &LrSchedule::constant(LR),
+                &mut windows(BATCH),
+                STEPS,
+            )
+            .unwrap();
+        let error = change_error(&start, &want, &report.params);
+        assert!(
+            error <= SAME_ORDER,
+            "{schedule}: relative error of the change {error:e}"
+        );
+        assert!(
+            report.losses[0] > 5.0,
+            "an untrained byte model: {:?}",
+            report.losses
+        );
+    }
+    // The control: a 1 % larger learning rate on one device.
+    let control = change_error(&start, &want, &one_device(LR * 1.01));
+    assert!(
+        control > 10.0 * SAME_ORDER,
+        "the control passed: {control:e}"
+    );
+}
