@@ -135,6 +135,15 @@ pub trait Segmented: Module {
         false
     }
 
+    /// Segments that read a parameter another segment owns (visits), as `(owner, reader)`
+    /// pairs: an output head tied to the input segment's embedding is `(Input, Output)`.
+    /// Data parallelism needs nothing more (the parameter is one tensor, its gradient one
+    /// sum); a pipeline refuses to put such a pair on different stages, since a stage holds
+    /// only its own segments' parameters. None by default.
+    fn tied_segments(&self) -> Vec<(SegmentId, SegmentId)> {
+        Vec::new()
+    }
+
     /// Every segment in forward order.
     fn segments(&self) -> Vec<SegmentId> {
         let mut ids = Vec::with_capacity(self.num_middle_segments() + 2);

@@ -86,8 +86,17 @@ impl Segmented for Gpt {
         }
     }
 
-    /// The token embedding belongs to the input segment (the tied head reads it from
-    /// there: a pipeline keeps both on one stage, or shares it, see kiln-pipeline).
+    /// The tied head reads the input segment's token embedding: `(Input, Output)`.
+    fn tied_segments(&self) -> Vec<(SegmentId, SegmentId)> {
+        if self.is_tied() {
+            vec![(SegmentId::Input, SegmentId::Output)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The token embedding belongs to the input segment (the tied head reads it from there:
+    /// [`tied_segments`](Segmented::tied_segments) says so).
     fn visit_segment<V: ModuleVisitor>(&self, segment: SegmentId, visitor: &mut V) {
         match segment {
             SegmentId::Input => {

@@ -1,7 +1,8 @@
 //! A transformer language model through the pipeline: token ids enter the first stage, the
 //! last scores its logits against the next tokens. An untied GPT on 2 stages (1F1B, and
 //! interleaved with 2 chunks a stage) trains like one device accumulating the same
-//! micro-batches of the same text windows.
+//! micro-batches of the same text windows. A tied one split across stages is refused, saying
+//! why, before any step.
 
 use std::collections::HashMap;
 
@@ -102,5 +103,36 @@ fn an_untied_gpt_trains_in_stages_like_one_device() {
     assert!(
         control > 10.0 * SAME_ORDER,
         "the control passed: {control:e}"
+    );
+}
+
+#[test]
+fn a_tied_gpt_split_across_stages_is_refused_saying_why() {
+    let tied = |device: &Device| {
+        kiln_core::init_module(device, 21, || {
+            GptConfig::new(256, CONTEXT, 4, 2, 16).init(device)
+        })
+    };
+    let config = PipelineConfig {
+        micro_batches: MICRO,
+        ..PipelineConfig::default()
+    };
+    let err = Pipeline::with_objective(vec![Device::flex(); 2], LanguageModeling)
+        .config(config)
+        .progress(false)
+        .train(
+            tied,
+            sgd,
+            &LrSchedule::constant(LR),
+            &mut windows(BATCH),
+            STEPS,
+        )
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "ties a parameter of its Input segment (stage 0) to its Output segment (stage 1)"
+        ),
+        "{text}"
     );
 }

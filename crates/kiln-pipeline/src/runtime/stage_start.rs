@@ -8,7 +8,7 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{RunIdentity, resume_owning};
-use kiln_core::{Segmented, panic_message};
+use kiln_core::{SegmentId, Segmented, panic_message};
 use kiln_train::{MeanGradient, Objective};
 
 use crate::runtime::mailbox::Abort;
@@ -80,7 +80,9 @@ where
             let split = self
                 .config
                 .segments_per_virtual_stage(model.segments().len(), stages)?;
-            let chunks = chunk_ranges(&split, self.plan).swap_remove(index);
+            let mut ranges = chunk_ranges(&split, self.plan);
+            refuse_split_ties(&model, &ranges)?;
+            let chunks = ranges.swap_remove(index);
             let mut optimizer = (self.optimizer)();
             let mut step_state = kiln_train::StepState::Null;
             // Resumed: the checkpoint's parameters, and the optimizer state of the stage's own.
@@ -130,6 +132,31 @@ where
 }
 
 /// Segment ranges of each stage's chunks, from the segments per virtual stage.
+/// Refuses a split that puts a tied pair of segments (`Segmented::tied_segments`) on
+/// different stages: each stage holds only its own segments' parameters.
+fn refuse_split_ties<M: Segmented>(
+    model: &M,
+    ranges: &[Vec<Range<usize>>],
+) -> Result<(), PipelineError> {
+    let segments = model.segments();
+    let stage_of = |id: SegmentId| {
+        let segment = segments.iter().position(|s| *s == id)?;
+        ranges
+            .iter()
+            .position(|chunks| chunks.iter().any(|chunk| chunk.contains(&segment)))
+    };
+    for (owner, reader) in model.tied_segments() {
+        if let (Some(a), Some(b)) = (stage_of(owner), stage_of(reader))
+            && a != b
+        {
+            return Err(PipelineError::Config(format!(
+                "the model ties a parameter of its {owner:?} segment (stage {a}) to its {reader:?} segment (stage {b}): a stage holds only its own segments' parameters, so a tied weight cannot be split across stages yet (untie it, e.g. kiln_gpt::GptConfig::with_tied(false), or train data parallel)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn chunk_ranges(split: &[usize], plan: &Schedule) -> Vec<Vec<Range<usize>>> {
     let mut starts = Vec::with_capacity(split.len());
     let mut next = 0;
