@@ -73,6 +73,8 @@ mod compare;
 #[cfg(test)]
 mod device_tests;
 #[cfg(test)]
+mod gpt_tests;
+#[cfg(test)]
 mod objective_tests;
 #[cfg(test)]
 mod precision_tests;

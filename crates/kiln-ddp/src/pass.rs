@@ -353,6 +353,7 @@ where
     let mut loss = Some(precision.scaled_loss(loss));
     let mut upstream: Vec<Option<M::Hidden>> = vec![None; boundaries.len()];
     let no_gradient = "a segment's output does not depend on its input";
+    let tied = model.tied_segments();
     for (group, segment) in backward_order(model).into_iter().enumerate() {
         // The boundary feeding this segment, and the one its output crosses.
         let (input, output) = match segment {
@@ -362,9 +363,20 @@ where
         };
         let start = input.map_or(0, |b| boundaries[b].2);
         let end = output.map_or(tape.len(), |b| boundaries[b].2);
-        // Every piece of this segment reaches only its parameters.
-        let visit =
-            |model: &M, collector: &mut Collector<'_>| model.visit_segment(segment, collector);
+        // Every piece of this segment reaches only its parameters, and those it reads from
+        // segments that own them (a tied head reads the input segment's embedding: its
+        // share of that gradient is added now, the owner's when the owner's turn comes).
+        let owners: Vec<SegmentId> = tied
+            .iter()
+            .filter(|(_, reader)| *reader == segment)
+            .map(|(owner, _)| *owner)
+            .collect();
+        let visit = |model: &M, collector: &mut Collector<'_>| {
+            model.visit_segment(segment, collector);
+            for owner in &owners {
+                model.visit_segment(*owner, collector);
+            }
+        };
         // First piece: from the segment's output down to its last synchronised layer.
         let mut grads = match output {
             None => loss
