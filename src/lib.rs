@@ -17,6 +17,7 @@
 //!   hybrid plans by predicted step time under memory limits.
 //! - [`checkpoint`] — checkpoints written atomically with checksums, and exact resume.
 //! - [`resnet`] — the ResNet family.
+//! - [`gpt`] — a GPT-style transformer language model (tied head, segmented by block).
 //!
 //! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
 #![forbid(unsafe_code)]
@@ -33,6 +34,7 @@ pub use kiln_comm as comm;
 pub use kiln_core as core;
 pub use kiln_data as data;
 pub use kiln_ddp as ddp;
+pub use kiln_gpt as gpt;
 pub use kiln_kernels as kernels;
 pub use kiln_pipeline as pipeline;
 pub use kiln_planner as planner;
