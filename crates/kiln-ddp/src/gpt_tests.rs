@@ -5,15 +5,14 @@
 
 use std::collections::HashMap;
 
-use burn::module::Module;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
-use kiln_core::{FlatLayout, param_infos, read_params};
-use kiln_data::{TextCorpus, TextWindows};
+use kiln_data::TextWindows;
 use kiln_gpt::{Gpt, GptConfig};
 use kiln_test_support::change_error;
 use kiln_test_support::tolerance::REORDERED;
+use kiln_train::testing::{by_path, jargon_windows};
 use kiln_train::{LanguageModeling, LrSchedule, Trainer};
 
 use crate::DataParallel;
@@ -35,31 +34,9 @@ fn sgd() -> burn::optim::ModuleOptimizer {
         .init()
 }
 
-fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
-    let layout = FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
-    let flat = read_params(model, &layout);
-    layout
-        .entries()
-        .iter()
-        .map(|e| {
-            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-            (e.info.path.clone(), values)
-        })
-        .collect()
-}
-
-/// Windows of the Jargon File's head: replica `rank` of `world`'s share of `BATCH` a step.
+/// Replica `rank` of `world`'s share of `BATCH` windows a step.
 fn windows(rank: usize, world: usize, device: &Device) -> TextWindows {
-    let text = TextCorpus::jargon_file();
-    let head = TextCorpus::from_bytes("the Jargon File's head", &text.tokens()[..20_000]);
-    TextWindows::builder(head)
-        .context(CONTEXT)
-        .batch_size(BATCH / world)
-        .shard(rank, world)
-        .seed(8)
-        .device(device.clone())
-        .build()
-        .unwrap()
+    jargon_windows((CONTEXT, BATCH / world), (rank, world), 8, device)
 }
 
 fn one_device(lr: f64) -> HashMap<String, Vec<f32>> {

@@ -225,3 +225,25 @@ pub fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
         })
         .collect()
 }
+
+/// Windows of the first 20,000 bytes of the shipped Jargon File, `context` tokens each,
+/// `batch` a batch for replica `rank` of `world`, seeded: the text of the language-model
+/// tests (kiln-ddp's and kiln-pipeline's GPT tests).
+pub fn jargon_windows(
+    (context, batch): (usize, usize),
+    (rank, world): (usize, usize),
+    seed: u64,
+    device: &Device,
+) -> kiln_data::TextWindows {
+    let text = kiln_data::TextCorpus::jargon_file();
+    let head =
+        kiln_data::TextCorpus::from_bytes("the Jargon File's head", &text.tokens()[..20_000]);
+    kiln_data::TextWindows::builder(head)
+        .context(context)
+        .batch_size(batch)
+        .shard(rank, world)
+        .seed(seed)
+        .device(device.clone())
+        .build()
+        .expect("20,000 bytes make windows")
+}

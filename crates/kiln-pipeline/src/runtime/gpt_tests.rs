@@ -7,10 +7,11 @@
 use std::collections::HashMap;
 
 use burn::tensor::Device;
-use kiln_data::{TextCorpus, TextWindows};
+use kiln_data::TextWindows;
 use kiln_gpt::{Gpt, GptConfig};
 use kiln_test_support::change_error;
 use kiln_test_support::tolerance::SAME_ORDER;
+use kiln_train::testing::jargon_windows;
 use kiln_train::{LanguageModeling, LocalStep, LrSchedule, Trainer};
 
 use crate::runtime::test_support::{by_path, sgd};
@@ -31,17 +32,9 @@ fn build(device: &Device) -> Gpt {
     })
 }
 
-/// Windows of the Jargon File's first 20,000 bytes, `batch` a batch, seeded.
+/// `batch` windows a step of the Jargon File's head, seeded, on the training device.
 fn windows(batch: usize) -> TextWindows {
-    let text = TextCorpus::jargon_file();
-    let head = TextCorpus::from_bytes("the Jargon File's head", &text.tokens()[..20_000]);
-    TextWindows::builder(head)
-        .context(CONTEXT)
-        .batch_size(batch)
-        .seed(5)
-        .device(Device::flex().autodiff())
-        .build()
-        .unwrap()
+    jargon_windows((CONTEXT, batch), (0, 1), 5, &Device::flex().autodiff())
 }
 
 /// One device accumulating `MICRO` batches of `BATCH / MICRO` windows a step: the same
