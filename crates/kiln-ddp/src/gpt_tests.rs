@@ -1,7 +1,8 @@
 //! A transformer language model trained data parallel: two replicas of a GPT whose head is
 //! tied to its token embedding, each on its shard of every step's text windows, train like
 //! one device on the whole step — overlapped by segment (where the tied weight's gradient
-//! comes from two segments) and not.
+//! comes from two segments) and not (measured: 2.0e-6 against `REORDERED` 5e-5; a 1 % larger
+//! learning rate, the control, 1.5e-2).
 
 use std::collections::HashMap;
 
@@ -85,6 +86,9 @@ fn two_replicas_train_a_tied_gpt_like_one_device() {
     for overlapped in [true, false] {
         for (rank, got) in two_replicas(overlapped).iter().enumerate() {
             let error = change_error(&start, &want, got);
+            eprintln!(
+                "overlapped {overlapped}, replica {rank}: relative error of the change {error:e}"
+            );
             assert!(
                 error <= REORDERED,
                 "overlapped {overlapped}, replica {rank}: relative error of the change {error:e}"
@@ -92,6 +96,7 @@ fn two_replicas_train_a_tied_gpt_like_one_device() {
         }
     }
     let control = change_error(&start, &want, &one_device(LR * 1.01));
+    eprintln!("the control (lr x 1.01): {control:e}");
     assert!(
         control > 10.0 * REORDERED,
         "the control passed: {control:e}"

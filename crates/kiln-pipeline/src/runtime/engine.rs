@@ -51,10 +51,10 @@ pub(crate) struct Driven {
 
 /// The stages of this process, seen from the training loop.
 pub(crate) struct StagesEngine<'a, 'w, B> {
-    pub config: &'a PipelineConfig,
-    pub to_stages: ToStages<'a, B>,
+    config: &'a PipelineConfig,
+    to_stages: ToStages<'a, B>,
     /// Checkpoints, and the writes under way.
-    pub checkpoints: Option<(&'a Checkpointer, &'a mut Writes<'w>)>,
+    checkpoints: Option<(&'a Checkpointer, &'a mut Writes<'w>)>,
     /// The first step's times (the report leaves them out: they hold the warm-up).
     first: Option<Timings>,
     timed: Timings,
@@ -68,11 +68,7 @@ impl<'a, 'w, B: Batch> StagesEngine<'a, 'w, B> {
         checkpoints: Option<(&'a Checkpointer, &'a mut Writes<'w>)>,
     ) -> Self {
         let threads = to_stages.total;
-        let timings = Timings {
-            forward: vec![Vec::new(); threads],
-            backward: vec![Vec::new(); threads],
-            ..Timings::default()
-        };
+        let timings = Timings::for_threads(threads);
         Self {
             config,
             to_stages,
@@ -179,10 +175,8 @@ impl<B: Batch> StepEngine<B> for StagesEngine<'_, '_, B> {
             "take the step",
         )?;
         let mut timings = Timings {
-            forward: vec![Vec::new(); self.to_stages.total],
-            backward: vec![Vec::new(); self.to_stages.total],
             steps: 1,
-            ..Timings::default()
+            ..Timings::for_threads(self.to_stages.total)
         };
         let (mut loss_sum, mut correct, mut loss_scale) = (0.0, 0, None);
         for _ in 0..sent {
@@ -314,6 +308,15 @@ impl<B: Batch> StagesEngine<'_, '_, B> {
 }
 
 impl Timings {
+    /// No time yet, for `threads` stage threads.
+    fn for_threads(threads: usize) -> Self {
+        Timings {
+            forward: vec![Vec::new(); threads],
+            backward: vec![Vec::new(); threads],
+            ..Timings::default()
+        }
+    }
+
     /// Adds `other`'s times into these.
     fn add(&mut self, other: &Timings) {
         for (total, times) in self.forward.iter_mut().zip(&other.forward) {

@@ -3,12 +3,11 @@
 
 use std::collections::HashMap;
 
-use burn::module::Module;
 use burn::optim::SgdConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::tensor::Device;
 use kiln_amp::MixedPrecision;
-use kiln_core::{ImageClassifier, init_on_host, param_infos, read_params};
+use kiln_core::{ImageClassifier, init_on_host};
 use kiln_data::{DataLoader, SyntheticImages};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 use kiln_train::{GradientStep, LocalStep, LrSchedule, TrainReport, Trainer, TrainerBuilder};
@@ -84,16 +83,5 @@ where
         .unwrap()
 }
 
-/// Trainable parameters by path.
-pub(crate) fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
-    let layout = kiln_core::FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));
-    let flat = read_params(model, &layout);
-    layout
-        .entries()
-        .iter()
-        .map(|e| {
-            let values = flat[e.offset..e.offset + e.info.numel()].to_vec();
-            (e.info.path.clone(), values)
-        })
-        .collect()
-}
+/// Trainable parameters by path (kiln-train's test helper).
+pub(crate) use kiln_train::testing::by_path;

@@ -121,15 +121,16 @@ where
         if let Some(device) = &links.batches_to {
             data.move_batches(device, index)?;
         }
-        match data.work {
-            Work::Train => {}
-            Work::Evaluate => {
-                let report = evaluate(index, (&stage, objective), schedule, &mut links, &data)?;
-                if done.send(report).is_err() {
-                    break; // the driver stopped
-                }
-                continue;
-            }
+        // Validation and checkpoints answer at once; a training step runs below.
+        let answered = match data.work {
+            Work::Train => None,
+            Work::Evaluate => Some(evaluate(
+                index,
+                (&stage, objective),
+                schedule,
+                &mut links,
+                &data,
+            )?),
             Work::Save => {
                 if let Some(parts) = &links.parts {
                     let step_state = update.rule.saved_state();
@@ -141,15 +142,17 @@ where
                         parts,
                     );
                 }
-                let report = StepDone {
+                Some(StepDone {
                     thread: links.thread,
                     ..StepDone::default()
-                };
-                if done.send(report).is_err() {
-                    break; // the driver stopped
-                }
-                continue;
+                })
             }
+        };
+        if let Some(report) = answered {
+            if done.send(report).is_err() {
+                break; // the driver stopped
+            }
+            continue;
         }
         if data.panic && index + 1 == schedule.stages() {
             panic!(
