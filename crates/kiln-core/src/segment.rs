@@ -137,9 +137,11 @@ pub trait Segmented: Module {
 
     /// Segments that read a parameter another segment owns (visits), as `(owner, reader)`
     /// pairs: an output head tied to the input segment's embedding is `(Input, Output)`.
-    /// Data parallelism needs nothing more (the parameter is one tensor, its gradient one
-    /// sum); a pipeline refuses to put such a pair on different stages, since a stage holds
-    /// only its own segments' parameters. None by default.
+    /// The reader's backward collects its share of the owner's gradient. Data parallelism
+    /// needs nothing more (the parameter is one tensor, its gradient one sum); a pipeline
+    /// that puts such a pair on different stages gives the reader's stage a copy of the
+    /// owner segment's parameters and sums the stages' gradients of them every step, so the
+    /// copies stay equal. None by default.
     fn tied_segments(&self) -> Vec<(SegmentId, SegmentId)> {
         Vec::new()
     }

@@ -12,14 +12,14 @@
 //! Every process waits for its write at the same step and the processes agree on the
 //! outcome ([`agree`]), so a failure in one is an error in all of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use burn::module::Module;
+use burn::module::{Module, ParamId};
 use burn::optim::ModuleOptimizer;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{
@@ -29,6 +29,7 @@ use kiln_comm::Communicator;
 use kiln_train::{StepState, TrainPosition};
 
 use crate::runtime::PipelineError;
+use crate::runtime::empty::keep_only;
 
 /// A stage's part on its way to the writer: `(stage, the checkpoint's step, the part or why
 /// it failed)`. The step matters: a stage may hand over its part of the next checkpoint
@@ -49,8 +50,11 @@ pub(crate) fn hand_over<M: Module + 'static>(
     to: &PartSender,
 ) {
     // `valid()` here, on the stage's thread: batch-norm statistics are read as they are now,
-    // not as a later step leaves them.
-    let (model, record, ids) = (model.valid(), optimizer.to_record(), owned.clone());
+    // not as a later step leaves them. Only what the stage owns: its copies of tied
+    // parameters are saved by their owner's stage.
+    let keep: HashSet<ParamId> = owned.values().map(|id| ParamId::from(*id)).collect();
+    let model = keep_only(model.valid(), &keep);
+    let (record, ids) = (optimizer.to_record(), owned.clone());
     let sender = to.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("kiln-stage-{stage}-checkpoint"))

@@ -21,6 +21,7 @@ use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{Writes, agree, agree_start, collect, hand_over};
 use crate::runtime::stage::Stage;
 use crate::runtime::test_support::{resnet, sgd};
+use crate::runtime::tied::StageTies;
 
 const AT: TrainPosition = TrainPosition {
     step: 2,
@@ -39,7 +40,7 @@ fn stage_parts() -> Vec<StagePart> {
         let segments = model.segments().len();
         let half = segments / 2;
         let chunks = if index == 0 { 0..half } else { half..segments };
-        let stage = Stage::new(model, vec![chunks]);
+        let stage = Stage::new(model, vec![chunks], StageTies::default());
         hand_over(
             index,
             AT.step,

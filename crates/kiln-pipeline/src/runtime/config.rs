@@ -51,7 +51,9 @@ pub struct PipelineConfig {
     /// same k·M micro-batches.
     pub accumulation: usize,
     /// Every this many steps (0: never), the data-parallel copies of each stage compare
-    /// their parameters bit for bit and fail with [`PipelineError::Diverged`] if they differ.
+    /// their parameters bit for bit and fail with [`PipelineError::Diverged`] if they differ,
+    /// and the stages' copies of a tied parameter theirs, failing with
+    /// [`PipelineError::TiedDiverged`].
     pub check_every: usize,
     /// Stages train on Burn's gradient-checkpointing autodiff device: memory-bound
     /// activations are recomputed in backward instead of kept (the planner's memory lever).
@@ -60,6 +62,10 @@ pub struct PipelineConfig {
     /// Fault injection, for testing what a failing stage does to a run (and a resume after
     /// it): the last stage panics when it takes this step (default `None`: never).
     pub panic_at_step: Option<usize>,
+    /// The tied-weight tests' control: stages that share a tied parameter do not sum its
+    /// gradients.
+    #[cfg(test)]
+    pub(crate) tied_sum_off: bool,
 }
 
 impl Default for PipelineConfig {
@@ -78,6 +84,8 @@ impl Default for PipelineConfig {
             check_every: 0,
             gradient_checkpointing: false,
             panic_at_step: None,
+            #[cfg(test)]
+            tied_sum_off: false,
         }
     }
 }

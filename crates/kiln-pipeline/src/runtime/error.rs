@@ -71,6 +71,13 @@ pub enum PipelineError {
         /// The step after which they were compared.
         step: usize,
     },
+    /// The stages' copies of a tied parameter (`Segmented::tied_segments`, split across
+    /// stages) hold different values.
+    #[error("the stages' copies of a tied parameter diverged by step {step}: their values differ")]
+    TiedDiverged {
+        /// The step after which they were compared.
+        step: usize,
+    },
     /// The run's observer (its log) failed.
     #[error("the run's log: {0}")]
     Observer(String),

@@ -28,7 +28,8 @@ pub(crate) struct StageGroups {
 
 /// The groups of `groups` pipelines of `stages` stages: in-process groups, or across
 /// processes split from `world` (a collective over it: every process calls this once, at
-/// the same point). `agreeing`: the stages of a pipeline agree on the gradient's norm.
+/// the same point). `agreeing`: the stages of a pipeline have a group (to agree on the
+/// gradient's norm, or to sum the gradients of a tied parameter they share).
 ///
 /// # Errors
 /// [`PipelineError::Config`] if `world` cannot split (not an MPI world),

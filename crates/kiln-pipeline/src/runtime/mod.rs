@@ -16,6 +16,7 @@ mod processes;
 mod report;
 mod stage;
 mod stage_start;
+mod tied;
 mod train;
 mod transfer;
 #[cfg(any(feature = "mpi", test))]

@@ -157,6 +157,7 @@ mod tests {
     use super::CopiesReduce;
     use crate::runtime::stage::Stage;
     use crate::runtime::test_support::resnet;
+    use crate::runtime::tied::StageTies;
     use crate::schedule::{Action, Schedule, ScheduleKind};
 
     /// With two chunks per stage (interleaved 1F1B), the first chunk to finish has its part
@@ -168,7 +169,11 @@ mod tests {
         let segments = model.segments().len();
         // Stage 0 of 2 with 2 chunks: virtual stages 0 and 2 of 4.
         let quarter = segments / 4;
-        let mut stage = Stage::new(model, vec![0..quarter, 2 * quarter..3 * quarter]);
+        let mut stage = Stage::new(
+            model,
+            vec![0..quarter, 2 * quarter..3 * quarter],
+            StageTies::default(),
+        );
         let ranges = stage
             .chunk_grad_ranges()
             .expect("ResNet's chunks own disjoint parameters");

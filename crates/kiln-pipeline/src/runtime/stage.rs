@@ -12,10 +12,13 @@ use kiln_core::{
     Activation, FlatLayout, GradWriter, ParamInfo, SegmentId, Segmented, grads_from_flat,
     param_infos, read_params, segment_param_infos,
 };
-use kiln_train::{GradientSummary, MeanGradient, Objective, TrainError, objective_loss};
+use kiln_train::{
+    GradientSummary, GradientValues, MeanGradient, Objective, TrainError, objective_loss,
+};
 
 use crate::runtime::PipelineError;
 use crate::runtime::empty::{float_bytes, keep_only};
+use crate::runtime::tied::{StageTies, TiedGradients, segment_ids};
 
 /// What a chunk's forward left for its backward.
 pub(crate) struct Forwarded<H> {
@@ -63,8 +66,13 @@ pub(crate) struct Stage<M> {
     pub param_bytes: usize,
     /// Each compute takes this many times its time (see `PipelineConfig::emulated_slowdown`).
     pub emulated_slowdown: f64,
-    /// The id of every parameter and buffer it holds, by whole-model path.
+    /// The id of every parameter and buffer it owns (holds and saves), by whole-model path:
+    /// not the copies of tied parameters another stage owns.
     pub owned_ids: std::collections::BTreeMap<String, u64>,
+    /// Tied pairs `(owner, reader)` whose reader it runs (see `tied.rs`).
+    reads: Vec<(SegmentId, SegmentId)>,
+    /// With a tie across stages: the shared parameters' gradients and copies.
+    tied: Option<TiedGradients>,
     /// What mixed precision did (steps, skipped steps, the loss scale), once trained.
     pub amp: AmpStats,
 }
@@ -125,15 +133,21 @@ fn through<M: Segmented>(
     Reached::Hidden(hidden)
 }
 
-/// The parameters and buffers (whole-model paths) of `model`'s segments in `chunks`.
-pub(crate) fn owned_infos<M: Segmented>(model: &M, chunks: &[Range<usize>]) -> Vec<ParamInfo> {
+/// The parameters and buffers (whole-model paths) a stage holds: those of `model`'s
+/// segments in `chunks`, and its copies of tied parameters other stages own (`ties`).
+pub(crate) fn held_infos<M: Segmented>(
+    model: &M,
+    chunks: &[Range<usize>],
+    ties: &StageTies,
+) -> Vec<ParamInfo> {
     let segments = model.segments();
-    let keep: HashSet<_> = chunks
+    let mut keep: HashSet<_> = chunks
         .iter()
         .flat_map(|range| range.clone())
         .flat_map(|index| segment_param_infos(model, segments[index]))
         .map(|info| info.id)
         .collect();
+    keep.extend(segment_ids(model, &ties.copies));
     // Whole-model paths (a segment's own paths are relative to it).
     param_infos(model)
         .into_iter()
@@ -142,18 +156,21 @@ pub(crate) fn owned_infos<M: Segmented>(model: &M, chunks: &[Range<usize>]) -> V
 }
 
 impl<M: Segmented> Stage<M> {
-    /// The stage of `model` owning the segments of `chunks`; every other parameter is
-    /// emptied.
-    pub(crate) fn new(model: M, chunks: Vec<Range<usize>>) -> Self {
+    /// The stage of `model` owning the segments of `chunks`, and holding copies of the
+    /// tied parameters `ties` names; every other parameter is emptied.
+    pub(crate) fn new(model: M, chunks: Vec<Range<usize>>, ties: StageTies) -> Self {
         let segments = model.segments();
-        let owned = owned_infos(&model, &chunks);
-        let keep: HashSet<_> = owned.iter().map(|info| info.id).collect();
-        let owned_ids = owned
+        let held = held_infos(&model, &chunks, &ties);
+        let keep: HashSet<_> = held.iter().map(|info| info.id).collect();
+        let copies = segment_ids(&model, &ties.copies);
+        let owned_ids = held
             .iter()
+            .filter(|info| !copies.contains(&info.id))
             .map(|info| (info.path.clone(), info.id.val()))
             .collect();
-        let layout = FlatLayout::new(owned.into_iter().filter(|info| info.trainable));
-        let chunk_ranges = chunk_ranges(&model, &segments, &chunks, &layout);
+        let layout = FlatLayout::new(held.into_iter().filter(|info| info.trainable));
+        let chunk_ranges = chunk_ranges(&model, (&segments, &ties.reads), &chunks, &layout);
+        let tied = TiedGradients::new(&model, &ties, &layout);
         let model = keep_only(model, &keep);
         let param_bytes = float_bytes(&model);
         Self {
@@ -166,6 +183,8 @@ impl<M: Segmented> Stage<M> {
             param_bytes,
             emulated_slowdown: 1.0,
             owned_ids,
+            reads: ties.reads,
+            tied,
             amp: AmpStats::default(),
         }
     }
@@ -289,17 +308,21 @@ impl<M: Segmented> Stage<M> {
             None => None,
         };
         let model = working.unwrap_or(&self.model);
+        let mut writer = GradWriter {
+            grads: &mut grads,
+            layout: &self.layout,
+            flat: &mut self.flat,
+            scale: weight,
+            accumulate: true,
+        };
         for index in self.chunks[chunk].clone() {
-            model.visit_segment(
-                self.segments[index],
-                &mut GradWriter {
-                    grads: &mut grads,
-                    layout: &self.layout,
-                    flat: &mut self.flat,
-                    scale: weight,
-                    accumulate: true,
-                },
-            );
+            let segment = self.segments[index];
+            model.visit_segment(segment, &mut writer);
+            // A reader's share of the tied parameters it reads (the owner's own share is
+            // collected by the owner's backward: each gradient is taken once).
+            for (owner, _) in self.reads.iter().filter(|(_, reader)| *reader == segment) {
+                model.visit_segment(*owner, &mut writer);
+            }
         }
         Ok(input_grad)
     }
@@ -368,6 +391,48 @@ impl<M: Segmented> Stage<M> {
         Ok(())
     }
 
+    /// Sums the gradients of tied parameters shared across stages with the other stages'
+    /// over `pipeline` (after the data-parallel copies' reduction, before the update); no-op
+    /// without such a tie.
+    ///
+    /// # Errors
+    /// [`PipelineError::PeerLost`] if a stage is gone.
+    pub(crate) fn sum_tied(
+        &mut self,
+        stage: usize,
+        pipeline: Option<&Communicator>,
+    ) -> Result<(), PipelineError> {
+        let Some(tied) = &self.tied else {
+            return Ok(());
+        };
+        let pipeline = pipeline.expect("a pipeline whose stages share a tie has their group");
+        tied.sum(stage, &mut self.flat, pipeline)
+    }
+
+    /// Compares the stages' copies of tied parameters after step `step`, bit for bit; no-op
+    /// without a tie across stages.
+    ///
+    /// # Errors
+    /// [`PipelineError::TiedDiverged`] if they differ; [`PipelineError::PeerLost`] if a
+    /// stage is gone.
+    pub(crate) fn check_tied(
+        &self,
+        stage: usize,
+        pipeline: Option<&Communicator>,
+        step: usize,
+    ) -> Result<(), PipelineError> {
+        let Some(tied) = &self.tied else {
+            return Ok(());
+        };
+        let pipeline = pipeline.expect("a pipeline whose stages share a tie has their group");
+        tied.check(
+            stage,
+            &read_params(&self.model, &self.layout),
+            pipeline,
+            step,
+        )
+    }
+
     /// Finishes the summed gradients with `rule` (divided by `samples`; with clipping, the
     /// norm agreed with the other stages of the pipeline through `pipeline`), lets
     /// `optimizer` update the stage's parameters at `lr`, and clears the sums.
@@ -383,8 +448,13 @@ impl<M: Segmented> Stage<M> {
         lr: f64,
         samples: usize,
     ) -> Result<Self, PipelineError> {
+        let copies = self.tied.as_ref().map_or(&[][..], TiedGradients::copies);
+        let mut gradient = StageGradient {
+            flat: &mut self.flat,
+            copies,
+        };
         let apply = rule
-            .finish(&mut self.flat[..], samples as f32, |summary| {
+            .finish(&mut gradient, samples as f32, |summary| {
                 agree_over_stages(summary, pipeline)
             })
             .map_err(|err| PipelineError::PeerLost {
@@ -397,6 +467,30 @@ impl<M: Segmented> Stage<M> {
         }
         self.flat.iter_mut().for_each(|g| *g = 0.0);
         Ok(self)
+    }
+}
+
+/// A stage's gradient buffer as the mean-gradient rule sees it: every value is scaled, but
+/// the copies of tied parameters another stage owns are left out of the summary (the
+/// owner's stage counts them, once).
+struct StageGradient<'a> {
+    flat: &'a mut [f32],
+    copies: &'a [Range<usize>],
+}
+
+impl GradientValues for StageGradient<'_> {
+    fn scale(&mut self, factor: f32) {
+        self.flat.scale(factor);
+    }
+
+    fn summary(&self) -> GradientSummary {
+        let mut summary = GradientSummary::default();
+        let mut next = 0;
+        for copy in self.copies {
+            summary = summary.combine(GradientSummary::of(&self.flat[next..copy.start]));
+            next = copy.end;
+        }
+        summary.combine(GradientSummary::of(&self.flat[next..]))
     }
 }
 
@@ -419,7 +513,7 @@ fn agree_over_stages(
 /// `None` unless they are disjoint and cover the layout.
 fn chunk_ranges<M: Segmented>(
     model: &M,
-    segments: &[SegmentId],
+    (segments, reads): (&[SegmentId], &[(SegmentId, SegmentId)]),
     chunks: &[Range<usize>],
     layout: &FlatLayout,
 ) -> Option<Vec<Vec<Range<usize>>>> {
@@ -427,8 +521,19 @@ fn chunk_ranges<M: Segmented>(
     let mut all = Vec::with_capacity(chunks.len());
     for chunk in chunks {
         let mut ranges: Vec<Range<usize>> = Vec::new();
-        for index in chunk.clone() {
-            for info in segment_param_infos(model, segments[index]) {
+        // A chunk's gradients: its segments', and those of the tied parameters its readers
+        // read (a parameter read in two chunks is in neither's alone).
+        let visited = chunk.clone().flat_map(|index| {
+            let segment = segments[index];
+            std::iter::once(segment).chain(
+                reads
+                    .iter()
+                    .filter(move |(_, reader)| *reader == segment)
+                    .map(|(owner, _)| *owner),
+            )
+        });
+        for segment in visited {
+            for info in segment_param_infos(model, segment) {
                 let Some(entry) = layout.get(info.id) else {
                     continue; // not trainable
                 };

@@ -8,11 +8,12 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{RunIdentity, resume_owning};
-use kiln_core::{SegmentId, Segmented, panic_message};
+use kiln_core::{Segmented, panic_message};
 use kiln_train::{MeanGradient, Objective};
 
 use crate::runtime::mailbox::Abort;
-use crate::runtime::stage::{Stage, owned_infos};
+use crate::runtime::stage::{Stage, held_infos};
+use crate::runtime::tied::stage_ties;
 use crate::runtime::worker::{Links, StepData, StepDone, Update, run_stage};
 use crate::runtime::{PipelineConfig, PipelineError};
 use crate::schedule::Schedule;
@@ -81,7 +82,12 @@ where
                 .config
                 .segments_per_virtual_stage(model.segments().len(), stages)?;
             let mut ranges = chunk_ranges(&split, self.plan);
-            refuse_split_ties(&model, &ranges)?;
+            #[allow(unused_mut)] // the tests' control changes it
+            let mut ties = stage_ties(&model, &ranges, index);
+            #[cfg(test)]
+            {
+                ties.sum_off = self.config.tied_sum_off;
+            }
             let chunks = ranges.swap_remove(index);
             let mut optimizer = (self.optimizer)();
             let mut step_state = kiln_train::StepState::Null;
@@ -89,7 +95,8 @@ where
             let model = match self.resume {
                 None => model,
                 Some((path, identity)) => {
-                    let owned: Vec<String> = owned_infos(&model, &chunks)
+                    // Its copies of tied parameters too: their optimizer state is the owner's.
+                    let owned: Vec<String> = held_infos(&model, &chunks, &ties)
                         .into_iter()
                         .filter(|info| info.trainable)
                         .map(|info| info.path)
@@ -101,7 +108,7 @@ where
                     resumed.model
                 }
             };
-            let mut stage = Stage::new(model, chunks);
+            let mut stage = Stage::new(model, chunks, ties);
             stage.emulated_slowdown = self
                 .config
                 .emulated_slowdown
@@ -132,31 +139,6 @@ where
 }
 
 /// Segment ranges of each stage's chunks, from the segments per virtual stage.
-/// Refuses a split that puts a tied pair of segments (`Segmented::tied_segments`) on
-/// different stages: each stage holds only its own segments' parameters.
-fn refuse_split_ties<M: Segmented>(
-    model: &M,
-    ranges: &[Vec<Range<usize>>],
-) -> Result<(), PipelineError> {
-    let segments = model.segments();
-    let stage_of = |id: SegmentId| {
-        let segment = segments.iter().position(|s| *s == id)?;
-        ranges
-            .iter()
-            .position(|chunks| chunks.iter().any(|chunk| chunk.contains(&segment)))
-    };
-    for (owner, reader) in model.tied_segments() {
-        if let (Some(a), Some(b)) = (stage_of(owner), stage_of(reader))
-            && a != b
-        {
-            return Err(PipelineError::Config(format!(
-                "the model ties a parameter of its {owner:?} segment (stage {a}) to its {reader:?} segment (stage {b}): a stage holds only its own segments' parameters, so a tied weight cannot be split across stages yet (untie it, e.g. kiln_gpt::GptConfig::with_tied(false), or train data parallel)"
-            )));
-        }
-    }
-    Ok(())
-}
-
 fn chunk_ranges(split: &[usize], plan: &Schedule) -> Vec<Vec<Range<usize>>> {
     let mut starts = Vec::with_capacity(split.len());
     let mut next = 0;

@@ -107,9 +107,10 @@ impl<O: Objective> Pipeline<O> {
         let timeout = self.config.timeout;
         // Clipping and mixed precision check the whole model's gradient: the stages of each
         // pipeline agree (after the reduction every pipeline holds the same gradients, so
-        // each pipeline's agreement is the whole run's).
-        let agreeing =
-            (self.config.max_grad_norm.is_some() || !self.config.precision.is_f32()) && stages > 1;
+        // each pipeline's agreement is the whole run's). Stages that share a tied parameter
+        // sum its gradients over the same group; only the stages, which build the model,
+        // know whether they do, so every pipeline of several stages has its group.
+        let agreeing = stages > 1;
         let StageGroups {
             replicas,
             pipelines,

@@ -80,10 +80,11 @@ pub(crate) struct Links<'a, H> {
     pub mailbox: Mailbox<H>,
     pub peers: Vec<Sender<Message<H>>>,
     pub replicas: Option<Communicator>,
-    /// The stages of its own pipeline, when they must agree on the gradient's norm and the
-    /// loss scaler's overflow flag: an in-process group, or across processes the MPI world
-    /// (one stage per process). Borrowed, because the world is the run's, shared with the
-    /// driver.
+    /// The stages of its own pipeline (with more than one), which agree on the gradient's
+    /// norm and the loss scaler's overflow flag and sum the gradients of tied parameters
+    /// they share: an in-process group, or across processes the pipeline's communicator
+    /// (one stage per process). Borrowed, because across processes it is the run's, shared
+    /// with the driver.
     pub pipeline: Option<&'a Communicator>,
     /// The stage thread, in (data-parallel group, stage) order.
     pub thread: usize,
@@ -277,6 +278,9 @@ where
                 }
                 Action::OptimizerStep => {
                     working = None; // the step is done with it
+                    // Tied parameters shared with other stages: their gradients summed
+                    // between the stages (each stage's already over its copies).
+                    stage.sum_tied(index, links.pipeline)?;
                     stage = stage.step(
                         index,
                         &mut update.rule,
@@ -288,10 +292,11 @@ where
                 }
             }
         }
-        if data.check
-            && let Some(copies) = &copies
-        {
-            stage.check_copies(index, copies.worker(), data.step)?;
+        if data.check {
+            if let Some(copies) = &copies {
+                stage.check_copies(index, copies.worker(), data.step)?;
+            }
+            stage.check_tied(index, links.pipeline, data.step)?;
         }
         report.loss_scale = update.rule.loss_scale();
         if done.send(report).is_err() {
