@@ -3,7 +3,7 @@
 use burn::tensor::{Int, Tensor};
 use kiln_data::TokenBatch;
 
-use crate::{Objective, classification_loss};
+use crate::{Objective, Reporting, classification_loss};
 
 /// Language modelling: the mean cross-entropy, over every position of every window, of the
 /// logits `[windows, time, vocabulary]` against the next tokens; its exponential is the
@@ -30,5 +30,13 @@ impl Objective for LanguageModeling {
             logits.clone().reshape([windows * time, vocabulary]),
             batch.targets.clone().reshape([windows * time]),
         )
+    }
+
+    /// Windows, without accuracy.
+    fn reporting(&self) -> Reporting {
+        Reporting {
+            sample: "windows",
+            accuracy: false,
+        }
     }
 }

@@ -64,7 +64,7 @@ pub use language_modeling::LanguageModeling;
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
 pub use objective::{
-    Classification, Objective, classification_loss, count_correct, objective_loss,
+    Classification, Objective, Reporting, classification_loss, count_correct, objective_loss,
 };
 pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::Reporting;
+
 /// One training step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
@@ -44,25 +46,34 @@ pub struct EpochSummary {
     pub data_wait: Duration,
 }
 
-impl std::fmt::Display for EpochSummary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "epoch {:>3}: loss {:.4}  acc {:>5.1}%",
-            self.epoch + 1,
-            self.train_loss,
-            100.0 * self.train_accuracy
-        )?;
-        if let (Some(loss), Some(acc)) = (self.valid_loss, self.valid_accuracy) {
-            write!(f, "  | val loss {loss:.4}  val acc {:>5.1}%", 100.0 * acc)?;
+impl EpochSummary {
+    /// The epoch's printed line, naming samples and showing accuracy as `reporting` says.
+    pub fn line(&self, reporting: Reporting) -> String {
+        let mut line = format!("epoch {:>3}: loss {:.4}", self.epoch + 1, self.train_loss);
+        if reporting.accuracy {
+            line += &format!("  acc {:>5.1}%", 100.0 * self.train_accuracy);
         }
-        write!(
-            f,
-            "  | {:.0} img/s  {:.1}s  data wait {:.1}%",
+        if let Some(loss) = self.valid_loss {
+            line += &format!("  | val loss {loss:.4}");
+        }
+        if let (Some(acc), true) = (self.valid_accuracy, reporting.accuracy) {
+            line += &format!("  val acc {:>5.1}%", 100.0 * acc);
+        }
+        line + &format!(
+            "  | {:.0} {}/s  {:.1}s  data wait {:.1}%",
             self.images_per_sec,
+            reporting.sample,
             self.elapsed.as_secs_f64(),
             100.0 * self.data_wait.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
         )
+    }
+}
+
+/// The line of an image classifier's epoch ([`EpochSummary::line`] with
+/// [`Reporting::IMAGES`]).
+impl std::fmt::Display for EpochSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.line(Reporting::IMAGES))
     }
 }
 
@@ -98,5 +109,37 @@ impl TrainReport {
     /// The last epoch's validation accuracy, if measured.
     pub fn final_valid_accuracy(&self) -> Option<f32> {
         self.epochs.last().and_then(|e| e.valid_accuracy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::EpochSummary;
+    use crate::{Classification, LanguageModeling, Objective};
+
+    #[test]
+    fn an_epoch_line_names_samples_and_shows_accuracy_as_its_objective_says() {
+        let summary = EpochSummary {
+            epoch: 0,
+            train_loss: 2.5,
+            train_accuracy: 0.5,
+            valid_loss: Some(2.0),
+            valid_accuracy: Some(0.25),
+            images_per_sec: 100.0,
+            elapsed: Duration::from_secs(2),
+            data_wait: Duration::ZERO,
+        };
+        let images = summary.line(Classification.reporting());
+        assert!(images.contains("acc  50.0%") && images.contains("val acc  25.0%"));
+        assert!(images.contains("100 img/s"), "{images}");
+        assert_eq!(images, summary.to_string());
+        let text = summary.line(LanguageModeling.reporting());
+        assert!(!text.contains("acc"), "{text}");
+        assert!(
+            text.contains("val loss 2.0000") && text.contains("100 windows/s"),
+            "{text}"
+        );
     }
 }

@@ -119,6 +119,34 @@ pub trait Objective: Clone + Send + Sync + 'static {
         let _ = (output, batch);
         0
     }
+
+    /// How the run's printed lines name its samples and whether they show accuracy. The
+    /// default: "samples", no accuracy (as the default [`correct`](Self::correct) counts
+    /// none); an objective that counts correct samples says so here.
+    fn reporting(&self) -> Reporting {
+        Reporting {
+            sample: "samples",
+            accuracy: false,
+        }
+    }
+}
+
+/// How a run's printed lines (the progress bar, each epoch's line, the last line) name what
+/// an [`Objective`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reporting {
+    /// A sample's short name in rates: `"img"` prints "img/s".
+    pub sample: &'static str,
+    /// Whether the lines show accuracy ([`Objective::correct`] counts something).
+    pub accuracy: bool,
+}
+
+impl Reporting {
+    /// Image classification's: "img", with accuracy.
+    pub const IMAGES: Reporting = Reporting {
+        sample: "img",
+        accuracy: true,
+    };
 }
 
 /// `objective`'s loss of `output` against `batch`, checked to be what every step needs: the
@@ -165,6 +193,10 @@ impl Objective for Classification {
 
     fn correct(&self, logits: &Tensor<2>, batch: &ImageBatch) -> usize {
         count_correct(logits.clone().detach(), batch.labels.clone())
+    }
+
+    fn reporting(&self) -> Reporting {
+        Reporting::IMAGES
     }
 }
 

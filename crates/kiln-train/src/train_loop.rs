@@ -9,7 +9,8 @@ use kiln_data::{Batch, BatchSource};
 use crate::metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
 use crate::progress::epoch_bar;
 use crate::{
-    EngineStep, LrSchedule, StepEngine, StopFlag, TrainError, TrainObserver, TrainPosition,
+    EngineStep, LrSchedule, Reporting, StepEngine, StopFlag, TrainError, TrainObserver,
+    TrainPosition,
 };
 
 /// How long to train.
@@ -41,6 +42,8 @@ pub struct LoopOptions<'a, B> {
     pub progress: bool,
     /// Prints a summary line per epoch and at the end.
     pub log_epochs: bool,
+    /// How the printed lines name samples and whether they show accuracy (the objective's).
+    pub reporting: Reporting,
 }
 
 /// One epoch's running sums, for its summary.
@@ -130,7 +133,12 @@ where
     }
     engine.finish()?;
     if run.options.log_epochs {
-        print_end(&run.report, run.step, run.saved_at_stop);
+        print_end(
+            &run.report,
+            run.step,
+            run.saved_at_stop,
+            run.options.reporting,
+        );
     }
     Ok(run.report)
 }
@@ -229,11 +237,15 @@ impl<B: Batch> Run<'_, B> {
             };
             let stopping = self.after_step(engine, &position)?;
             bar.inc(1);
+            let reporting = self.options.reporting;
+            let accuracy = if reporting.accuracy {
+                format!(" acc {:5.1}%", 100.0 * record.accuracy)
+            } else {
+                String::new()
+            };
             bar.set_message(format!(
-                "loss {:.4} acc {:5.1}% {:.0} img/s lr {lr:.4}",
-                record.loss,
-                100.0 * record.accuracy,
-                record.images_per_sec
+                "loss {:.4}{accuracy} {:.0} {}/s lr {lr:.4}",
+                record.loss, record.images_per_sec, reporting.sample
             ));
             self.report.steps.push(record);
             if stopping {
@@ -299,7 +311,7 @@ impl<B: Batch> Run<'_, B> {
             data_wait: sums.data_wait,
         };
         if self.options.log_epochs {
-            println!("{summary}");
+            println!("{}", summary.line(self.options.reporting));
         }
         for observer in self.options.observers.iter_mut() {
             observer.on_epoch(&summary)?;
@@ -310,7 +322,7 @@ impl<B: Batch> Run<'_, B> {
 }
 
 /// The run's last lines: where a stop ended it, and its throughput.
-fn print_end(report: &TrainReport, steps: usize, saved: bool) {
+fn print_end(report: &TrainReport, steps: usize, saved: bool, reporting: Reporting) {
     if let Some(position) = report.stopped_at {
         let saved = if saved {
             ", after saving a checkpoint"
@@ -327,10 +339,12 @@ fn print_end(report: &TrainReport, steps: usize, saved: bool) {
     let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
     let val = report
         .final_valid_accuracy()
+        .filter(|_| reporting.accuracy)
         .map(|a| format!(", final val acc {:.1}%", 100.0 * a))
         .unwrap_or_default();
+    let unit = reporting.sample;
     println!(
-        "done: {steps} steps, {images} images in {secs:.1}s ({:.0} img/s){val}",
+        "done: {steps} steps, {images} {unit} in {secs:.1}s ({:.0} {unit}/s){val}",
         images as f64 / secs.max(1e-9)
     );
 }

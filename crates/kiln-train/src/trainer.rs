@@ -286,6 +286,7 @@ where
             progress,
             log_epochs,
         } = settings;
+        let reporting = objective.reporting();
         let mut engine = ReplicaEngine::new(
             (model, optimizer, step),
             objective,
@@ -303,6 +304,7 @@ where
                 .map(|v| v as &mut dyn BatchSource<Batch = O::Batch>),
             progress,
             log_epochs,
+            reporting,
         };
         let report = train_loop(&mut engine, train.as_mut(), options)?;
         Ok((engine.into_model(), report))

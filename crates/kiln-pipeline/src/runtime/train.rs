@@ -241,6 +241,7 @@ impl<O: Objective> Pipeline<O> {
                 // Across processes, one bar: the first process's.
                 progress: self.progress && self.processes.as_ref().is_none_or(|w| w.rank() == 0),
                 log_epochs: self.log_epochs,
+                reporting: self.objective.reporting(),
             };
             let checkpoints = self.checkpointer.as_ref().map(|c| (c, &mut writes));
             let mut engine = StagesEngine::new(&self.config, to_stages, checkpoints);
