@@ -16,6 +16,8 @@ use burn::module::Module;
 use burn::optim::AdamWConfig;
 use burn::tensor::Device;
 use clap::Parser;
+use kiln::amp::{MixedPrecision, Precision};
+use kiln::checkpoint::{ResumeFrom, resume};
 use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
@@ -23,12 +25,13 @@ use kiln::gpt::{Gpt, GptConfig};
 use kiln::pipeline::{Pipeline, PipelineConfig};
 use kiln::train::{LanguageModeling, LrSchedule, TrainReport, Trainer};
 
+mod checkpoints;
 mod sample;
 
 /// A GPT-style byte-level language model, trained with kiln.
 #[derive(Parser, Debug)]
 #[command(version, about)]
-struct Args {
+pub struct Args {
     /// Devices: one data-parallel replica per entry (`cpu:0,cpu:1`, `cuda:0`, `wgpu`), or one
     /// pipeline stage per entry with `--pipeline`.
     #[arg(long, default_value = "cpu:0,cpu:1")]
@@ -77,9 +80,45 @@ struct Args {
     /// Bytes to generate at the end.
     #[arg(long, default_value_t = 240)]
     sample: usize,
+    /// Compute precision: f32, or f16 (loss-scaled) or bf16 compute on f32 master weights.
+    #[arg(long, value_enum, default_value_t = AmpArg::F32)]
+    amp: AmpArg,
+    /// Clip gradients to this global norm (over every parameter; a pipeline's stages agree
+    /// on it, counting a tied embedding once).
+    #[arg(long)]
+    clip_grad_norm: Option<f32>,
+    /// Where checkpoints go (the newest 3 kept); with --checkpoint-every.
+    #[arg(long)]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Save a checkpoint every this many steps (and at the end).
+    #[arg(long)]
+    checkpoint_every: Option<usize>,
+    /// Start from `latest` (the newest checkpoint in --checkpoint-dir that verifies) or from
+    /// a checkpoint's path, under any plan.
+    #[arg(long)]
+    resume: Option<ResumeFrom>,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+/// `--amp`'s values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AmpArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl AmpArg {
+    /// The mixed precision this option names.
+    fn precision(self) -> MixedPrecision {
+        MixedPrecision::new(match self {
+            AmpArg::F32 => Precision::F32,
+            AmpArg::F16 => Precision::F16,
+            AmpArg::Bf16 => Precision::Bf16,
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -102,6 +141,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => TextCorpus::jargon_file(),
     };
     let (train, held_out) = corpus.split(0.05)?;
+    checkpoints::check(&args)?;
+    if args
+        .clip_grad_norm
+        .is_some_and(|norm| !(norm > 0.0 && norm.is_finite()))
+    {
+        return Err("--clip-grad-norm must be positive and finite".into());
+    }
+    let identity = checkpoints::identity(&args, corpus.name());
+    let from = checkpoints::resume_from(&args)?;
     let config = GptConfig::new(256, args.context, args.layers, args.heads, args.width)
         .with_tied(!args.untied);
     let plan = match args.pipeline {
@@ -143,6 +191,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         held_out: held_out.clone(),
         config,
         schedule,
+        identity,
+        from,
     };
     let started = Instant::now();
     let (report, model) = match args.pipeline {
@@ -150,7 +200,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(_) => pipelined(&args, &data, devices)?,
     };
     let seconds = started.elapsed().as_secs_f64();
-    let tokens = args.steps * args.batch_size * args.context;
+    // A resumed run trains from its checkpoint's step.
+    let first = match &data.from {
+        Some(path) => kiln::checkpoint::Manifest::read(path)?.position.step,
+        None => 0,
+    };
+    let tokens = args.steps.saturating_sub(first) * args.batch_size * args.context;
     let last = report.epochs.last().ok_or("no epoch was summarised")?;
     let held_out_loss = last.valid_loss.ok_or("no held-out loss")?;
     println!(
@@ -158,6 +213,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         f64::from(held_out_loss).exp(),
         held_out.unigram_loss(),
         tokens as f64 / seconds.max(1e-9)
+    );
+    // Equal fingerprints: bit-identical parameters (CI compares a resumed run's).
+    println!(
+        "parameters fingerprint: {:016x}",
+        kiln::core::fingerprint(&model)
     );
     let text = sample::generate(&model, b"The ", args.sample, args.context, args.seed);
     println!(
@@ -173,6 +233,10 @@ struct Data {
     held_out: TextCorpus,
     config: GptConfig,
     schedule: LrSchedule,
+    /// The run, as its checkpoints name it.
+    identity: kiln::checkpoint::RunIdentity,
+    /// The checkpoint it starts from.
+    from: Option<std::path::PathBuf>,
 }
 
 impl Data {
@@ -209,11 +273,28 @@ fn data_parallel(
     }
     let config = DdpConfig {
         divergence_check_every: args.check_every,
+        precision: args.amp.precision(),
+        max_grad_norm: args.clip_grad_norm,
         ..DdpConfig::default()
     };
     let mut outcomes = DataParallel::new(devices).config(config).run(|replica| {
         let device = replica.train_device();
-        let model = replica.broadcast_module(data.build(args.seed, &device))?;
+        let (model, optimizer) = (data.build(args.seed, &device), AdamWConfig::new().init());
+        // Every replica resumes from the checkpoint (they hold the same state).
+        let (model, optimizer, position, step_state) = match &data.from {
+            None => (model, optimizer, Default::default(), Default::default()),
+            Some(path) => {
+                let r = resume(path, &data.identity, model, optimizer)
+                    .map_err(|err| kiln::train::TrainError::Checkpoint(err.to_string()))?;
+                (r.model, r.optimizer, r.position, r.step_state)
+            }
+        };
+        let model = replica.broadcast_module(model)?;
+        let mut step = replica.overlapped_step_with(LanguageModeling);
+        kiln::train::GradientStep::<Gpt, kiln::data::TokenBatch>::restore_state(
+            &mut step,
+            &step_state,
+        )?;
         let windows = TextWindows::builder(data.train.clone())
             .context(args.context)
             .batch_size(args.batch_size / replicas)
@@ -222,14 +303,18 @@ fn data_parallel(
             .device(device.clone())
             .build()?;
         let primary = replica.rank() == 0;
-        let mut trainer =
-            Trainer::with_objective(model, AdamWConfig::new().init(), LanguageModeling)
-                .gradient_step(replica.overlapped_step_with(LanguageModeling))
-                .schedule(data.schedule)
-                .train_loader(windows)
-                .max_steps(args.steps)
-                .progress(primary && !args.quiet)
-                .log_epochs(primary);
+        let mut trainer = Trainer::with_objective(model, optimizer, LanguageModeling)
+            .gradient_step(step)
+            .schedule(data.schedule)
+            .train_loader(windows)
+            .max_steps(args.steps)
+            .resume_at(position)
+            .progress(primary && !args.quiet)
+            .log_epochs(primary);
+        if let Some(saver) = checkpoints::saver(args, &data.identity) {
+            // Every replica takes part; the first writes.
+            trainer = trainer.checkpoint(saver.writes(primary));
+        }
         if primary {
             trainer = trainer.valid_loader(data.held_out_windows(replica.device().clone())?);
         }
@@ -255,20 +340,28 @@ fn pipelined(
     let config = PipelineConfig {
         micro_batches: args.micro_batches,
         check_every: args.check_every,
+        precision: args.amp.precision(),
+        max_grad_norm: args.clip_grad_norm,
         ..PipelineConfig::default()
     };
-    let report = Pipeline::with_objective(devices.clone(), LanguageModeling)
+    let mut pipeline = Pipeline::with_objective(devices.clone(), LanguageModeling)
         .config(config)
         .valid_loader(data.held_out_windows(devices[0].clone())?)
         .progress(!args.quiet)
-        .log_epochs(true)
-        .train(
-            |device: &Device| data.build(args.seed, device),
-            || AdamWConfig::new().init(),
-            &data.schedule,
-            &mut windows,
-            args.steps,
-        )?;
+        .log_epochs(true);
+    if let Some(saver) = checkpoints::saver(args, &data.identity) {
+        pipeline = pipeline.checkpoint(saver);
+    }
+    if let Some(path) = &data.from {
+        pipeline = pipeline.resume(path, data.identity.clone());
+    }
+    let report = pipeline.train(
+        |device: &Device| data.build(args.seed, device),
+        || AdamWConfig::new().init(),
+        &data.schedule,
+        &mut windows,
+        args.steps,
+    )?;
     let model = sample::with_params(data.build(args.seed, &Device::flex()), &report.params)?;
     println!(
         "step {:.1} ms (after the first)",

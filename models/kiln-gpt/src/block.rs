@@ -32,10 +32,23 @@ impl Block {
         let mask = generate_autoregressive_mask(batch, time, &x.device());
         let attended = self
             .attention
-            .forward(MhaInput::self_attn(self.norm_attention.forward(x.clone())).mask_attn(mask))
+            .forward(MhaInput::self_attn(normed(&self.norm_attention, x.clone())).mask_attn(mask))
             .context;
         let x = x + self.dropout.forward(attended);
-        let hidden = gelu(self.expand.forward(self.norm_mlp.forward(x.clone())));
+        let hidden = gelu(self.expand.forward(normed(&self.norm_mlp, x.clone())));
         x.clone() + self.dropout.forward(self.contract.forward(hidden))
+    }
+}
+
+/// `norm` on `x` in the precision of the norm's parameters, the result back in `x`'s. Under
+/// mixed precision kiln's default policy keeps every `*norm*` parameter in f32 (as PyTorch's
+/// autocast runs layer norm in f32), while the activations are f16/bf16: Burn refuses a
+/// binary op between the two, so the cast is explicit.
+pub(crate) fn normed(norm: &LayerNorm, x: Tensor<3>) -> Tensor<3> {
+    let (activations, parameters) = (x.dtype(), norm.gamma.val().dtype());
+    if activations == parameters {
+        norm.forward(x)
+    } else {
+        norm.forward(x.cast(parameters)).cast(activations)
     }
 }

@@ -71,7 +71,7 @@ impl Segmented for Gpt {
     }
 
     fn forward_output(&self, hidden: Tensor<3>) -> Tensor<3> {
-        let x = self.norm.forward(hidden);
+        let x = crate::block::normed(&self.norm, hidden);
         match &self.head {
             Some(head) => head.forward(x),
             None => {
