@@ -17,7 +17,7 @@ use burn::optim::AdamWConfig;
 use burn::tensor::Device;
 use clap::Parser;
 use kiln::amp::{MixedPrecision, Precision};
-use kiln::checkpoint::{ResumeFrom, resume};
+use kiln::checkpoint::{ResumeFrom, resume, resume_owning};
 use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
@@ -97,6 +97,10 @@ pub struct Args {
     /// a checkpoint's path, under any plan.
     #[arg(long)]
     resume: Option<ResumeFrom>,
+    /// ZeRO-1: each data-parallel replica keeps the optimizer state of its share of the
+    /// parameters (AdamW's two moments: 2/3 of the training state) and updates only those.
+    #[arg(long)]
+    zero1: bool,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
@@ -142,6 +146,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (train, held_out) = corpus.split(0.05)?;
     checkpoints::check(&args)?;
+    if args.zero1 && args.pipeline.is_some() {
+        return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --pipeline or --zero1)".into());
+    }
     if args
         .clip_grad_norm
         .is_some_and(|norm| !(norm > 0.0 && norm.is_finite()))
@@ -275,17 +282,24 @@ fn data_parallel(
         divergence_check_every: args.check_every,
         precision: args.amp.precision(),
         max_grad_norm: args.clip_grad_norm,
+        zero1: args.zero1,
         ..DdpConfig::default()
     };
     let mut outcomes = DataParallel::new(devices).config(config).run(|replica| {
         let device = replica.train_device();
         let (model, optimizer) = (data.build(args.seed, &device), AdamWConfig::new().init());
+        // Under ZeRO-1 the optimizer keeps (and resumes) its own parameters' state only.
+        let owned = replica.optimizer_shard(&model);
         // Every replica resumes from the checkpoint (they hold the same state).
         let (model, optimizer, position, step_state) = match &data.from {
             None => (model, optimizer, Default::default(), Default::default()),
             Some(path) => {
-                let r = resume(path, &data.identity, model, optimizer)
-                    .map_err(|err| kiln::train::TrainError::Checkpoint(err.to_string()))?;
+                let resumed = match &owned {
+                    Some(owned) => resume_owning(path, &data.identity, model, optimizer, owned),
+                    None => resume(path, &data.identity, model, optimizer),
+                };
+                let r =
+                    resumed.map_err(|err| kiln::train::TrainError::Checkpoint(err.to_string()))?;
                 (r.model, r.optimizer, r.position, r.step_state)
             }
         };
@@ -311,9 +325,14 @@ fn data_parallel(
             .resume_at(position)
             .progress(primary && !args.quiet)
             .log_epochs(primary);
-        if let Some(saver) = checkpoints::saver(args, &data.identity) {
-            // Every replica takes part; the first writes.
-            trainer = trainer.checkpoint(saver.writes(primary));
+        if let Some(mut saver) = checkpoints::saver(args, &data.identity) {
+            // Every replica takes part; the first writes (under ZeRO-1 with every
+            // replica's part of the optimizer state).
+            saver = saver.writes(primary);
+            if owned.is_some() {
+                saver = saver.optimizer_shard(replica.rank(), replica.world_size());
+            }
+            trainer = trainer.checkpoint(saver);
         }
         if primary {
             trainer = trainer.valid_loader(data.held_out_windows(replica.device().clone())?);
