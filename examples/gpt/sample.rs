@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use kiln::core::{FlatLayout, Forward, param_infos, write_params};
-use kiln::gpt::Gpt;
+use kiln::core::{FlatLayout, param_infos, write_params};
+use kiln::gpt::{Gpt, KvCache};
 
 /// Top-k sampling's k.
 const TOP_K: usize = 5;
@@ -36,19 +36,27 @@ pub fn with_params(model: Gpt, params: &HashMap<String, Vec<f32>>) -> Result<Gpt
     Ok(write_params(model, &layout, &flat))
 }
 
-/// `count` bytes after `prompt`, each drawn from the model's `TOP_K` likeliest (seeded), the
-/// model seeing the last `context` bytes.
+/// `count` bytes after `prompt`, each drawn from the model's `TOP_K` likeliest (seeded). The
+/// model keeps each position's keys and values (`KvCache`): a byte costs one position's
+/// work. When the cache holds the whole `context`, it starts again from the last half of
+/// it (the model then sees at least `context / 2` bytes back).
 pub fn generate(model: &Gpt, prompt: &[u8], count: usize, context: usize, seed: u64) -> Vec<u8> {
     let device = Device::flex();
     let mut text = prompt.to_vec();
     let mut state = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
+    let mut cache = KvCache::new();
+    // What the cache has not seen yet: the prompt's last `context` bytes at first.
+    let mut unseen = text[text.len().saturating_sub(context)..].to_vec();
     for _ in 0..count {
-        let window = &text[text.len().saturating_sub(context)..];
-        let ids: Vec<i64> = window.iter().map(|&b| i64::from(b)).collect();
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, window.len()]), &device);
-        let logits = model.forward(tokens);
+        if cache.len() + unseen.len() > context {
+            cache = KvCache::new();
+            unseen = text[text.len().saturating_sub(context / 2)..].to_vec();
+        }
+        let ids: Vec<i64> = unseen.iter().map(|&b| i64::from(b)).collect();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, unseen.len()]), &device);
+        let logits = model.forward_cached(tokens, &mut cache);
         let [_, time, vocabulary] = logits.dims();
         let last: Vec<f32> = logits
             .slice([0..1, time - 1..time])
@@ -77,6 +85,7 @@ pub fn generate(model: &Gpt, prompt: &[u8], count: usize, context: usize, seed: 
             pick -= weight;
         }
         text.push(chosen as u8);
+        unseen = vec![chosen as u8];
     }
     text
 }

@@ -26,6 +26,9 @@
 #![forbid(unsafe_code)]
 
 mod block;
+mod cache;
+#[cfg(test)]
+mod cache_tests;
 mod config;
 mod model;
 #[cfg(test)]
@@ -34,5 +37,6 @@ mod tests;
 mod training_tests;
 
 pub use block::Block;
+pub use cache::KvCache;
 pub use config::GptConfig;
 pub use model::Gpt;
