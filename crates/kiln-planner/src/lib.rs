@@ -35,11 +35,13 @@ mod interconnect;
 #[cfg(test)]
 mod lever_tests;
 mod memory;
+mod memory_limits;
 mod model_profile;
 mod partition;
 #[cfg(test)]
 mod partition_tests;
 mod plan;
+mod planning;
 mod profile;
 #[cfg(test)]
 mod profile_tests;
@@ -53,11 +55,13 @@ pub use cost::{
 };
 pub use interconnect::measure_interconnect;
 pub use memory::TrackingAllocator;
+pub use memory_limits::parse_memory_limits;
 pub use model_profile::{ModelProfile, ProfileCache, ProfileKey, SegmentAt};
 pub use partition::{
     DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages, human_bytes,
 };
 pub use plan::{Layout, Plan, Predicted};
+pub use planning::{Planned, RunPlanning, device_kind};
 pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments,
     profile_segments_with, segment_name,
