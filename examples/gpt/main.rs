@@ -3,7 +3,8 @@
 //! tokens/s, and a sample of what it writes.
 //!
 //! ```text
-//! cargo run --release --example gpt                          # 2 CPU replicas, the Jargon File
+//! cargo run --release --example gpt                          # the planner's plan, the Jargon File
+//! cargo run --release --example gpt -- --device-memory 50MB  # no replica fits: pipeline stages
 //! cargo run --release --example gpt -- --devices cpu:0       # one device
 //! cargo run --release --example gpt -- --pipeline 2          # 2 stages (the last holds a copy of the tied embedding)
 //! cargo run --release --example gpt -- --text my-notes.txt   # your own text (bytes)
@@ -23,10 +24,16 @@ use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::gpt::{Gpt, GptConfig};
 use kiln::pipeline::{Pipeline, PipelineConfig};
+use kiln::planner::{Layout, Plan, PlanRequest};
 use kiln::train::{LanguageModeling, LrSchedule, TrainReport, Trainer};
 
 mod checkpoints;
+mod planning;
 mod sample;
+
+// The planner measures activation memory through it.
+#[global_allocator]
+static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllocator;
 
 /// A GPT-style byte-level language model, trained with kiln.
 #[derive(Parser, Debug)]
@@ -36,12 +43,27 @@ pub struct Args {
     /// pipeline stage per entry with `--pipeline`.
     #[arg(long, default_value = "cpu:0,cpu:1")]
     devices: String,
-    /// Pipeline stages instead of data-parallel replicas (one per `--devices` entry).
+    /// Pipeline stages by hand instead of the planner's choice (one per `--devices` entry,
+    /// 1F1B, segments split evenly); nothing is profiled.
     #[arg(long)]
     pipeline: Option<usize>,
-    /// Micro-batches per pipeline step.
-    #[arg(long, default_value_t = 4)]
-    micro_batches: usize,
+    /// Micro-batches per pipeline step (with --pipeline 4 when left out; the planner
+    /// compares P, 2P and 4P).
+    #[arg(long)]
+    micro_batches: Option<usize>,
+    /// The plan: `auto` (the planner profiles the model on the devices and picks the
+    /// fastest that fits), `dp`, `pp=N`, `dp=A,pp=B`, or a plan saved with --save-plan.
+    #[arg(long, default_value = "auto")]
+    plan: PlanRequest,
+    /// Each device's memory for the planner: one size for all (`2GiB`) or `cpu:0=1GB,...`.
+    #[arg(long)]
+    device_memory: Option<String>,
+    /// Where the planner caches its profiles (by model, device kind, threads, version).
+    #[arg(long)]
+    profile_cache: Option<std::path::PathBuf>,
+    /// Save the chosen plan as JSON (for --plan FILE: the same plan without profiling).
+    #[arg(long)]
+    save_plan: Option<std::path::PathBuf>,
     /// A text file to train on (bytes; any encoding) instead of the shipped Jargon File.
     #[arg(long)]
     text: Option<std::path::PathBuf>,
@@ -136,7 +158,8 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let devices = DeviceSpec::parse_list(&args.devices)?
+    let specs = DeviceSpec::parse_list(&args.devices)?;
+    let devices = specs
         .iter()
         .map(DeviceSpec::device)
         .collect::<Result<Vec<_>, _>>()?;
@@ -146,9 +169,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (train, held_out) = corpus.split(0.05)?;
     checkpoints::check(&args)?;
-    if args.zero1 && args.pipeline.is_some() {
-        return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --pipeline or --zero1)".into());
-    }
+    let request = plan_request(&args)?;
     if args
         .clip_grad_norm
         .is_some_and(|norm| !(norm > 0.0 && norm.is_finite()))
@@ -159,22 +180,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let from = checkpoints::resume_from(&args)?;
     let config = GptConfig::new(256, args.context, args.layers, args.heads, args.width)
         .with_tied(!args.untied);
-    let plan = match args.pipeline {
-        Some(stages) if stages != devices.len() => {
-            return Err(format!(
-                "--pipeline {stages} needs {stages} --devices entries, got {}",
-                devices.len()
-            )
-            .into());
-        }
-        Some(stages) => format!(
-            "{stages}-stage pipeline (1F1B, {} micro-batches)",
-            args.micro_batches
-        ),
-        None => format!("{} data-parallel replica(s)", devices.len()),
-    };
     println!(
-        "kiln gpt: {} parameters ({} layers, {} heads, width {}, context {}, {}) | {plan} on {} | {} ({} training, {} held-out bytes)",
+        "kiln gpt: {} parameters ({} layers, {} heads, width {}, context {}, {}) on {} | {} ({} training, {} held-out bytes)",
         config.param_count(),
         args.layers,
         args.heads,
@@ -201,12 +208,58 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         identity,
         from,
     };
+    let layout = match (args.pipeline, request) {
+        (Some(stages), _) if stages != devices.len() => {
+            return Err(format!(
+                "--pipeline {stages} needs {stages} --devices entries, got {}",
+                devices.len()
+            )
+            .into());
+        }
+        (Some(stages), _) => Stages {
+            data_parallel: 1,
+            schedule: kiln::pipeline::schedule::ScheduleKind::OneFOneB,
+            micro_batches: args.micro_batches.unwrap_or(4),
+            split: None,
+            recompute: false,
+            predicted: None,
+        }
+        .described(stages),
+        (None, request) => {
+            let named = args.devices.split(',').map(|d| d.trim().to_string());
+            let named: Vec<_> = named
+                .zip(specs.iter().cloned())
+                .zip(devices.iter().cloned())
+                .map(|((name, spec), device)| (name, spec, device))
+                .collect();
+            let plan = planning::choose(&args, &data, request, &named)?;
+            if let (Some(path), Some(plan)) = (&args.save_plan, &plan) {
+                std::fs::write(path, plan.to_json())
+                    .map_err(|err| format!("--save-plan {}: {err}", path.display()))?;
+                println!("planner: plan saved to {}", path.display());
+            }
+            chosen(plan, devices.len())?
+        }
+    };
+    println!("plan: {}", layout.0);
     let started = Instant::now();
-    let (report, model) = match args.pipeline {
-        None => data_parallel(&args, &data, devices)?,
-        Some(_) => pipelined(&args, &data, devices)?,
+    let ((report, model), measured) = match layout.1 {
+        None => {
+            let (report, model) = data_parallel(&args, &data, devices.clone())?;
+            let measured = median_step(&report, args.batch_size / devices.len());
+            ((report, model), measured)
+        }
+        Some(stages) => pipelined(&args, &data, devices, &stages)?,
     };
     let seconds = started.elapsed().as_secs_f64();
+    if let Some(predicted) = layout.2 {
+        println!(
+            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
+            predicted * 1e3,
+            measured * 1e3,
+            100.0 * (measured / predicted - 1.0)
+        );
+    }
     // A resumed run trains from its checkpoint's step.
     let first = match &data.from {
         Some(path) => kiln::checkpoint::Manifest::read(path)?.position.step,
@@ -343,26 +396,39 @@ fn data_parallel(
     Ok((report, model.valid()))
 }
 
-/// One stage per device (1F1B); the run's report and the stages' trained parameters put
-/// back into one model.
+/// The pipelines of `stages` over `devices`; the run's report and the stages' trained
+/// parameters put back into one model, and the measured step (seconds).
 fn pipelined(
     args: &Args,
     data: &Data,
     devices: Vec<Device>,
-) -> Result<(TrainReport, Gpt), Box<dyn std::error::Error>> {
-    let mut windows = TextWindows::builder(data.train.clone())
-        .context(args.context)
-        .batch_size(args.batch_size)
-        .seed(args.seed)
-        .device(devices[0].clone().autodiff())
-        .build()?;
+    stages: &Stages,
+) -> Result<((TrainReport, Gpt), f64), Box<dyn std::error::Error>> {
+    if !args.batch_size.is_multiple_of(stages.data_parallel) {
+        return Err(format!(
+            "--batch-size {} does not split over {} pipelines",
+            args.batch_size, stages.data_parallel
+        )
+        .into());
+    }
     let config = PipelineConfig {
-        micro_batches: args.micro_batches,
+        schedule: stages.schedule,
+        micro_batches: stages.micro_batches,
+        split: stages.split.clone(),
+        data_parallel: stages.data_parallel,
+        gradient_checkpointing: stages.recompute,
         check_every: args.check_every,
         precision: args.amp.precision(),
         max_grad_norm: args.clip_grad_norm,
         ..PipelineConfig::default()
     };
+    // Each step takes one batch per pipeline.
+    let mut windows = TextWindows::builder(data.train.clone())
+        .context(args.context)
+        .batch_size(args.batch_size / stages.data_parallel)
+        .seed(args.seed)
+        .device(config.train_device(&devices[0]))
+        .build()?;
     let mut pipeline = Pipeline::with_objective(devices.clone(), LanguageModeling)
         .config(config)
         .valid_loader(data.held_out_windows(devices[0].clone())?)
@@ -382,15 +448,120 @@ fn pipelined(
         args.steps,
     )?;
     let model = sample::with_params(data.build(args.seed, &Device::flex()), &report.params)?;
-    println!(
-        "step {:.1} ms (after the first)",
-        report.step_time.as_secs_f64() * 1e3
-    );
+    let measured = report.step_time.as_secs_f64();
     let run = TrainReport {
         steps: Vec::new(),
         epochs: report.epochs,
         stopped_at: report.stopped_at,
         first_step: None,
     };
-    Ok((run, model))
+    Ok(((run, model), measured))
+}
+
+/// How pipelines train: by hand (`--pipeline`) or as the plan says.
+struct Stages {
+    data_parallel: usize,
+    schedule: kiln::pipeline::schedule::ScheduleKind,
+    micro_batches: usize,
+    /// Segments of each virtual stage (`None`: as even as possible).
+    split: Option<Vec<usize>>,
+    /// Burn's gradient checkpointing (the planner's memory lever).
+    recompute: bool,
+    /// The planner's step, in seconds.
+    predicted: Option<f64>,
+}
+
+/// A layout: its description, the pipelines (`None`: data parallel on every device) and the
+/// planner's predicted step in seconds.
+type Chosen = (String, Option<Stages>, Option<f64>);
+
+impl Stages {
+    /// This layout of `stages` stages, described.
+    fn described(self, stages: usize) -> Chosen {
+        let predicted = self.predicted;
+        let text = format!(
+            "{} x {stages}-stage pipeline ({}, {} micro-batches{})",
+            self.data_parallel,
+            self.schedule,
+            self.micro_batches,
+            if self.recompute {
+                ", recomputing activations"
+            } else {
+                ""
+            }
+        );
+        (text, Some(self), predicted)
+    }
+}
+
+/// What `--plan` asks the planner, checked against the options that need a plan's kind.
+fn plan_request(args: &Args) -> Result<PlanRequest, String> {
+    if args.pipeline.is_some() && args.plan != PlanRequest::Auto {
+        return Err("--pipeline P is a plan by hand: leave out --plan (or use --plan pp=P)".into());
+    }
+    let pipelined = args.pipeline.is_some()
+        || matches!(
+            args.plan,
+            PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }
+        );
+    if args.zero1 && pipelined {
+        return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --zero1, or ask for --plan dp)".into());
+    }
+    if args.zero1 && args.plan == PlanRequest::Auto {
+        println!("planner: comparing data-parallel plans only (--zero1 needs data parallelism)");
+        return Ok(PlanRequest::DataParallel);
+    }
+    Ok(args.plan.clone())
+}
+
+/// The layout of the planner's `plan` (`None`: data parallel on `devices` devices).
+fn chosen(plan: Option<Plan>, devices: usize) -> Result<Chosen, String> {
+    let Some(plan) = plan else {
+        return Ok((format!("data parallel, {devices} replica(s)"), None, None));
+    };
+    let predicted = Some(plan.predicted.step_seconds);
+    match plan.layout {
+        Layout::DataParallel { batches } => {
+            if batches.windows(2).any(|pair| pair[0] != pair[1]) {
+                return Err(format!(
+                    "the plan gives the replicas uneven batches {batches:?} (devices of different speeds): the gpt example shards text windows evenly; plan with --plan pp=N, or devices of one kind"
+                ));
+            }
+            Ok((
+                format!("data parallel, {devices} replica(s) (the planner's)"),
+                None,
+                predicted,
+            ))
+        }
+        Layout::Pipeline {
+            data_parallel,
+            stages,
+            schedule,
+            micro_batches,
+            split,
+            ..
+        } => Ok(Stages {
+            data_parallel,
+            schedule: schedule
+                .parse()
+                .map_err(|err| format!("the plan's schedule `{schedule}`: {err}"))?,
+            micro_batches,
+            split: Some(split),
+            recompute: plan.gradient_checkpointing,
+            predicted,
+        }
+        .described(stages)),
+    }
+}
+
+/// The median step of a data-parallel run, in seconds (`per_replica` windows a step).
+fn median_step(report: &TrainReport, per_replica: usize) -> f64 {
+    let mut steps: Vec<f64> = report
+        .steps
+        .iter()
+        .skip(1)
+        .map(|s| per_replica as f64 / s.images_per_sec.max(1e-9))
+        .collect();
+    steps.sort_by(f64::total_cmp);
+    steps.get(steps.len() / 2).copied().unwrap_or(0.0)
 }

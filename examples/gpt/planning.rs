@@ -1,0 +1,123 @@
+//! `--plan`: the planner profiles the GPT on the devices (once per kind, cached with
+//! `--profile-cache`) and chooses data parallelism, pipeline stages or both for the memory
+//! given (`--device-memory`); this file brings only the profile.
+
+use burn::optim::AdamWConfig;
+use burn::tensor::Device;
+use kiln::core::DeviceSpec;
+use kiln::data::{Batch, BatchSource, TextWindows};
+use kiln::planner::{
+    BatchProfile, Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, ProfileOptions,
+    RunPlanning, parse_memory_limits, profile_segments_with, profile_update_with,
+};
+use kiln::train::LanguageModeling;
+
+use crate::{Args, Data};
+
+/// The plan to train with (`None`: data parallel on every device, nothing left to choose).
+pub fn choose(
+    args: &Args,
+    data: &Data,
+    request: PlanRequest,
+    devices: &[(String, DeviceSpec, Device)],
+) -> Result<Option<Plan>, Box<dyn std::error::Error>> {
+    let names: Vec<String> = devices.iter().map(|(n, _, _)| n.clone()).collect();
+    let threads = kiln::ddp::default_threads_per_replica(devices.len());
+    let planning = RunPlanning {
+        model: format!(
+            "gpt bytes {} layers {} heads width {} context {}{}",
+            args.layers,
+            args.heads,
+            args.width,
+            args.context,
+            if args.untied { " untied" } else { "" }
+        ),
+        devices: devices.to_vec(),
+        global_batch: args.batch_size,
+        request,
+        fixed: Fixed {
+            schedule: None,
+            micro_batches: args.micro_batches,
+        },
+        memory: parse_memory_limits(args.device_memory.as_deref(), &names)?,
+        threads,
+        optimizer: "adamw".into(),
+        // AdamW keeps two moments per parameter.
+        optimizer_state_factor: 2.0,
+        profile_cache: args.profile_cache.clone(),
+        predict: false,
+    };
+    let planned = planning.choose(|device, key| profile(args, data, device, key, threads))?;
+    for note in &planned.notes {
+        println!("{note}");
+    }
+    Ok(planned.plan)
+}
+
+/// The GPT profiled on `device` at the key's batch sizes (windows), and AdamW's update.
+fn profile(
+    args: &Args,
+    data: &Data,
+    device: &Device,
+    key: ProfileKey,
+    threads: usize,
+) -> Result<ModelProfile, PlanError> {
+    let device = device.clone().autodiff();
+    let device = if key.gradient_checkpointing {
+        device.gradient_checkpointing()
+    } else {
+        device
+    };
+    let model = data.build(args.seed, &device);
+    let largest = *key.batches.last().expect("at least one batch size");
+    let input = |why: String| PlanError::Request(format!("profiling the GPT: {why}"));
+    let batch = TextWindows::builder(data.train.clone())
+        .context(args.context)
+        .batch_size(largest)
+        .seed(args.seed)
+        .device(device.clone())
+        .build()
+        .map_err(|err| input(err.to_string()))?
+        .batches(0, 0)
+        .next()
+        .ok_or_else(|| input("the text is shorter than one batch".into()))?
+        .map_err(|err| input(err.to_string()))?;
+    let batches = key
+        .batches
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| -> Result<BatchProfile, PlanError> {
+            // The first (smallest) size warms caches and pools up for the others.
+            let options = ProfileOptions {
+                threads: Some(threads),
+                warmup: usize::from(i == 0),
+                ..ProfileOptions::default()
+            };
+            let windows = batch.slice(0..size);
+            Ok(profile_segments_with(
+                &model,
+                &LanguageModeling,
+                &windows,
+                &device,
+                &options,
+            )?)
+        })
+        .collect::<Result<_, _>>()?;
+    let options = ProfileOptions {
+        threads: Some(threads),
+        ..ProfileOptions::default()
+    };
+    let smallest = batch.slice(0..key.batches[0]);
+    let update_seconds_per_byte = profile_update_with(
+        &model,
+        (&LanguageModeling, &smallest),
+        &device,
+        AdamWConfig::new().init(),
+        &options,
+    )?;
+    Ok(ModelProfile {
+        key,
+        batches,
+        update_seconds_per_byte,
+    })
+}
