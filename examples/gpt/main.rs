@@ -23,11 +23,15 @@ use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::gpt::{Gpt, GptConfig};
+use kiln::pipeline::schedule::ScheduleKind;
 use kiln::pipeline::{Pipeline, PipelineConfig};
-use kiln::planner::{Layout, Plan, PlanRequest};
+use kiln::planner::PlanRequest;
+
+use crate::layout::{Stages, chosen, median_step, plan_request};
 use kiln::train::{LanguageModeling, LrSchedule, TrainReport, Trainer};
 
 mod checkpoints;
+mod layout;
 mod planning;
 mod sample;
 
@@ -208,39 +212,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         identity,
         from,
     };
-    let layout = match (args.pipeline, request) {
-        (Some(stages), _) if stages != devices.len() => {
-            return Err(format!(
-                "--pipeline {stages} needs {stages} --devices entries, got {}",
-                devices.len()
-            )
-            .into());
-        }
-        (Some(stages), _) => Stages {
-            data_parallel: 1,
-            schedule: kiln::pipeline::schedule::ScheduleKind::OneFOneB,
-            micro_batches: args.micro_batches.unwrap_or(4),
-            split: None,
-            recompute: false,
-            predicted: None,
-        }
-        .described(stages),
-        (None, request) => {
-            let named = args.devices.split(',').map(|d| d.trim().to_string());
-            let named: Vec<_> = named
-                .zip(specs.iter().cloned())
-                .zip(devices.iter().cloned())
-                .map(|((name, spec), device)| (name, spec, device))
-                .collect();
-            let plan = planning::choose(&args, &data, request, &named)?;
-            if let (Some(path), Some(plan)) = (&args.save_plan, &plan) {
-                std::fs::write(path, plan.to_json())
-                    .map_err(|err| format!("--save-plan {}: {err}", path.display()))?;
-                println!("planner: plan saved to {}", path.display());
-            }
-            chosen(plan, devices.len())?
-        }
-    };
+    let layout = choose_layout(&args, &data, request, (&specs, &devices))?;
     println!("plan: {}", layout.0);
     let started = Instant::now();
     let ((report, model), measured) = match layout.1 {
@@ -458,110 +430,44 @@ fn pipelined(
     Ok(((run, model), measured))
 }
 
-/// How pipelines train: by hand (`--pipeline`) or as the plan says.
-struct Stages {
-    data_parallel: usize,
-    schedule: kiln::pipeline::schedule::ScheduleKind,
-    micro_batches: usize,
-    /// Segments of each virtual stage (`None`: as even as possible).
-    split: Option<Vec<usize>>,
-    /// Burn's gradient checkpointing (the planner's memory lever).
-    recompute: bool,
-    /// The planner's step, in seconds.
-    predicted: Option<f64>,
-}
-
-/// A layout: its description, the pipelines (`None`: data parallel on every device) and the
-/// planner's predicted step in seconds.
-type Chosen = (String, Option<Stages>, Option<f64>);
-
-impl Stages {
-    /// This layout of `stages` stages, described.
-    fn described(self, stages: usize) -> Chosen {
-        let predicted = self.predicted;
-        let text = format!(
-            "{} x {stages}-stage pipeline ({}, {} micro-batches{})",
-            self.data_parallel,
-            self.schedule,
-            self.micro_batches,
-            if self.recompute {
-                ", recomputing activations"
-            } else {
-                ""
-            }
-        );
-        (text, Some(self), predicted)
-    }
-}
-
-/// What `--plan` asks the planner, checked against the options that need a plan's kind.
-fn plan_request(args: &Args) -> Result<PlanRequest, String> {
-    if args.pipeline.is_some() && args.plan != PlanRequest::Auto {
-        return Err("--pipeline P is a plan by hand: leave out --plan (or use --plan pp=P)".into());
-    }
-    let pipelined = args.pipeline.is_some()
-        || matches!(
-            args.plan,
-            PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }
-        );
-    if args.zero1 && pipelined {
-        return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --zero1, or ask for --plan dp)".into());
-    }
-    if args.zero1 && args.plan == PlanRequest::Auto {
-        println!("planner: comparing data-parallel plans only (--zero1 needs data parallelism)");
-        return Ok(PlanRequest::DataParallel);
-    }
-    Ok(args.plan.clone())
-}
-
-/// The layout of the planner's `plan` (`None`: data parallel on `devices` devices).
-fn chosen(plan: Option<Plan>, devices: usize) -> Result<Chosen, String> {
-    let Some(plan) = plan else {
-        return Ok((format!("data parallel, {devices} replica(s)"), None, None));
-    };
-    let predicted = Some(plan.predicted.step_seconds);
-    match plan.layout {
-        Layout::DataParallel { batches } => {
-            if batches.windows(2).any(|pair| pair[0] != pair[1]) {
-                return Err(format!(
-                    "the plan gives the replicas uneven batches {batches:?} (devices of different speeds): the gpt example shards text windows evenly; plan with --plan pp=N, or devices of one kind"
-                ));
-            }
-            Ok((
-                format!("data parallel, {devices} replica(s) (the planner's)"),
-                None,
-                predicted,
-            ))
+/// The layout to train in: `--pipeline`'s by hand, else the planner's for `request`.
+fn choose_layout(
+    args: &Args,
+    data: &Data,
+    request: PlanRequest,
+    (specs, devices): (&[DeviceSpec], &[Device]),
+) -> Result<layout::Chosen, Box<dyn std::error::Error>> {
+    Ok(match (args.pipeline, request) {
+        (Some(stages), _) if stages != devices.len() => {
+            return Err(format!(
+                "--pipeline {stages} needs {stages} --devices entries, got {}",
+                devices.len()
+            )
+            .into());
         }
-        Layout::Pipeline {
-            data_parallel,
-            stages,
-            schedule,
-            micro_batches,
-            split,
-            ..
-        } => Ok(Stages {
-            data_parallel,
-            schedule: schedule
-                .parse()
-                .map_err(|err| format!("the plan's schedule `{schedule}`: {err}"))?,
-            micro_batches,
-            split: Some(split),
-            recompute: plan.gradient_checkpointing,
-            predicted,
+        (Some(stages), _) => Stages {
+            data_parallel: 1,
+            schedule: ScheduleKind::OneFOneB,
+            micro_batches: args.micro_batches.unwrap_or(4),
+            split: None,
+            recompute: false,
+            predicted: None,
         }
-        .described(stages)),
-    }
-}
-
-/// The median step of a data-parallel run, in seconds (`per_replica` windows a step).
-fn median_step(report: &TrainReport, per_replica: usize) -> f64 {
-    let mut steps: Vec<f64> = report
-        .steps
-        .iter()
-        .skip(1)
-        .map(|s| per_replica as f64 / s.images_per_sec.max(1e-9))
-        .collect();
-    steps.sort_by(f64::total_cmp);
-    steps.get(steps.len() / 2).copied().unwrap_or(0.0)
+        .described(stages),
+        (None, request) => {
+            let named = args.devices.split(',').map(|d| d.trim().to_string());
+            let named: Vec<_> = named
+                .zip(specs.iter().cloned())
+                .zip(devices.iter().cloned())
+                .map(|((name, spec), device)| (name, spec, device))
+                .collect();
+            let plan = planning::choose(args, data, request, &named)?;
+            if let (Some(path), Some(plan)) = (&args.save_plan, &plan) {
+                std::fs::write(path, plan.to_json())
+                    .map_err(|err| format!("--save-plan {}: {err}", path.display()))?;
+                println!("planner: plan saved to {}", path.display());
+            }
+            chosen(plan, devices.len())?
+        }
+    })
 }

@@ -108,36 +108,7 @@ impl RunPlanning {
         let per_replica = (self.global_batch / n).max(1);
         let mut batches = vec![(per_replica / 4).max(1), per_replica];
         batches.dedup();
-        let cache = self.profile_cache.as_ref().map(ProfileCache::new);
-        let cache_error = |err: std::io::Error| PlanError::Request(format!("profile cache: {err}"));
-        let mut profiles = BTreeMap::new();
-        for (kind, device) in &kinds {
-            let key = ProfileKey {
-                model: self.model.clone(),
-                device: kind.clone(),
-                precision: "f32".into(),
-                optimizer: self.optimizer.clone(),
-                threads: self.threads,
-                batches: batches.clone(),
-                kiln: env!("CARGO_PKG_VERSION").into(),
-                gradient_checkpointing: false,
-            };
-            let cached = match &cache {
-                Some(cache) => cache.load(&key).map_err(cache_error)?,
-                None => None,
-            };
-            let measured = match cached {
-                Some(measured) => measured,
-                None => {
-                    let measured = profile(device, key)?;
-                    if let Some(cache) = &cache {
-                        cache.store(&measured).map_err(cache_error)?;
-                    }
-                    measured
-                }
-            };
-            profiles.insert(kind.clone(), measured);
-        }
+        let profiles = self.profiles(&kinds, &batches, &mut profile)?;
         let plan_devices = self.plan_devices(&profiles, &kinds[0].0);
         let devices: Vec<Device> = self.devices.iter().map(|(_, _, d)| d.clone()).collect();
         let net = measure_interconnect(n, &devices, 5)?;
@@ -198,6 +169,47 @@ impl RunPlanning {
             plan: Some(choice.chosen),
             notes,
         })
+    }
+
+    /// One profile per device kind of `kinds` at `batches`: the cache's, or `profile`'s
+    /// (then cached).
+    fn profiles(
+        &self,
+        kinds: &[(String, Device)],
+        batches: &[usize],
+        profile: &mut impl FnMut(&Device, ProfileKey) -> Result<ModelProfile, PlanError>,
+    ) -> Result<BTreeMap<String, ModelProfile>, PlanError> {
+        let cache = self.profile_cache.as_ref().map(ProfileCache::new);
+        let cache_error = |err: std::io::Error| PlanError::Request(format!("profile cache: {err}"));
+        let mut profiles = BTreeMap::new();
+        for (kind, device) in kinds {
+            let key = ProfileKey {
+                model: self.model.clone(),
+                device: kind.clone(),
+                precision: "f32".into(),
+                optimizer: self.optimizer.clone(),
+                threads: self.threads,
+                batches: batches.to_vec(),
+                kiln: env!("CARGO_PKG_VERSION").into(),
+                gradient_checkpointing: false,
+            };
+            let cached = match &cache {
+                Some(cache) => cache.load(&key).map_err(cache_error)?,
+                None => None,
+            };
+            let measured = match cached {
+                Some(measured) => measured,
+                None => {
+                    let measured = profile(device, key)?;
+                    if let Some(cache) = &cache {
+                        cache.store(&measured).map_err(cache_error)?;
+                    }
+                    measured
+                }
+            };
+            profiles.insert(kind.clone(), measured);
+        }
+        Ok(profiles)
     }
 
     /// A saved plan, checked against this run (model, devices, global batch, fixed schedule

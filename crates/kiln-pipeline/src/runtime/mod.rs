@@ -15,6 +15,7 @@ mod pipeline;
 mod processes;
 mod report;
 mod stage;
+mod stage_gradient;
 mod stage_start;
 mod tied;
 mod train;
