@@ -107,7 +107,7 @@ impl Plan {
     }
 
     /// Predicted samples per second.
-    pub fn images_per_second(&self) -> f64 {
+    pub fn samples_per_second(&self) -> f64 {
         self.global_batch as f64 / self.predicted.step_seconds.max(1e-12)
     }
 
@@ -120,11 +120,11 @@ impl Plan {
         };
         let _ = writeln!(
             out,
-            "plan {} | global batch {} | predicted step {:.1} ms, {:.0} img/s",
+            "plan {} | global batch {} | predicted step {:.1} ms, {:.0} samples/s",
             self.summary(),
             self.global_batch,
             self.predicted.step_seconds * 1e3,
-            self.images_per_second()
+            self.samples_per_second()
         );
         match &self.layout {
             Layout::DataParallel { batches } => {
