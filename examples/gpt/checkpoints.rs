@@ -22,6 +22,7 @@ pub fn identity(args: &Args, text: &str) -> RunIdentity {
         .with("text", text)
         .with("windows per step", args.batch_size)
         .with("lr", args.lr)
+        .with("weight decay", args.weight_decay)
         .with("steps", args.steps)
         .with("seed", args.seed)
         .with("amp", format!("{:?}", args.amp))

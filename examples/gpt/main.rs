@@ -97,6 +97,9 @@ pub struct Args {
     /// a pipeline's stages their copies of the tied embedding; a difference ends the run.
     #[arg(long, default_value_t = 0)]
     check_every: usize,
+    /// AdamW's weight decay, on the weight matrices only (not biases, norms, embeddings).
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f32,
     /// AdamW's peak learning rate (after 50 warm-up steps, cosine to a tenth).
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
@@ -312,7 +315,7 @@ fn data_parallel(
     };
     let mut outcomes = DataParallel::new(devices).config(config).run(|replica| {
         let device = replica.train_device();
-        let (model, optimizer) = (data.build(args.seed, &device), AdamWConfig::new().init());
+        let (model, optimizer) = (data.build(args.seed, &device), optimizer(args));
         // Under ZeRO-1 the optimizer keeps (and resumes) its own parameters' state only.
         let owned = replica.optimizer_shard(&model);
         // Every replica resumes from the checkpoint (they hold the same state).
@@ -414,7 +417,7 @@ fn pipelined(
     }
     let report = pipeline.train(
         |device: &Device| data.build(args.seed, device),
-        || AdamWConfig::new().init(),
+        || optimizer(args),
         &data.schedule,
         &mut windows,
         args.steps,
@@ -470,4 +473,9 @@ fn choose_layout(
             chosen(plan, devices.len())?
         }
     })
+}
+
+/// AdamW with `--weight-decay` on the weight matrices only (`kiln::gpt::adamw`).
+fn optimizer(args: &Args) -> burn::optim::ModuleOptimizer {
+    kiln::gpt::adamw(&AdamWConfig::new().with_weight_decay(args.weight_decay))
 }

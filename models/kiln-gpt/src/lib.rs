@@ -31,6 +31,9 @@ mod cache;
 mod cache_tests;
 mod config;
 mod model;
+mod optimizer;
+#[cfg(test)]
+mod optimizer_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -40,3 +43,4 @@ pub use block::Block;
 pub use cache::KvCache;
 pub use config::GptConfig;
 pub use model::Gpt;
+pub use optimizer::adamw;
