@@ -95,7 +95,9 @@ kiln=("$bin" --plan dp --quiet "${gpu[@]}")
 have_torch() {
   python3 -c "import torch, sys; sys.exit(0 if '$kind' == 'cpu' or torch.cuda.is_available() else 1)" 2>/dev/null
 }
+# The bundle carries the peer beside this script; in the source tree it sits in xtask/peer.
 peer_py="$here/peer/resnet_peer.py"
+[ -e "$peer_py" ] || peer_py="$here/../peer/resnet_peer.py"
 
 # Start-up first: a first run (empty kernel cache) and a second (the same command again).
 step first 170 "${kiln[@]}" --devices "$dev" "${model[@]}"

@@ -59,6 +59,35 @@ def make_model(torch, width, classes=10):
     return nn.Sequential(*layers)
 
 
+def free_port():
+    """A TCP port the kernel has just handed out: a fixed or pid-derived one can clash."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_rank(rank, args, port, results):
+    """One rank's process: trains, then leaves without running C++ static destructors.
+
+    gloo's threads sometimes abort at interpreter exit ("terminate called without an active
+    exception") after the rank finished and reported; `os._exit` skips that teardown, so a
+    rank's exit code says whether it trained.
+    """
+    import traceback
+
+    try:
+        train(rank, args, port, results)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def train(rank, args, port, results):
     import torch
     import torch.distributed as dist
@@ -113,6 +142,7 @@ def train(rank, args, port, results):
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     if args.replicas > 1:
+        dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
         peak = torch.cuda.max_memory_allocated(device) if cuda else None
@@ -180,11 +210,11 @@ def main():
     except ImportError:
         print(json.dumps({"error": "torch is not installed (pip install torch)"}))
         return 3
-    port = 29500 + os.getpid() % 1000
+    port = free_port()
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     workers = [
-        context.Process(target=train, args=(rank, args, port, results))
+        context.Process(target=run_rank, args=(rank, args, port, results))
         for rank in range(args.replicas)
     ]
     for worker in workers:

@@ -7,6 +7,7 @@ mod amp;
 mod checkpoint;
 mod collectives;
 mod ddp;
+mod gpt;
 mod loader;
 mod optimizer;
 mod overhead;
@@ -45,7 +46,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 12] = [
+const SUITE: [(&str, Bench); 13] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -58,6 +59,7 @@ const SUITE: [(&str, Bench); 12] = [
     ("pipeline", pipeline::run),
     ("planner", planner::run),
     ("checkpoint", checkpoint::run),
+    ("gpt", gpt::run),
 ];
 
 pub fn run(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {

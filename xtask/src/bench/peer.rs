@@ -31,7 +31,7 @@ fn script() -> PathBuf {
 }
 
 /// Whether the peer can run, or why not.
-fn peer_available() -> Result<String, String> {
+pub(super) fn peer_available() -> Result<String, String> {
     let output = Command::new("python3")
         .args(["-c", "import torch; print(torch.__version__)"])
         .output()
