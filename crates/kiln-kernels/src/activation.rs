@@ -1,4 +1,4 @@
-//! The entry points: ReLU, and a residual addition followed by ReLU, on kiln's kernels where
+//! The entry points: ReLU, a residual addition followed by ReLU, and GELU, on kiln's kernels where
 //! they apply and Burn's operations otherwise.
 
 use burn::tensor::activation;
@@ -66,4 +66,28 @@ pub fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
             b.into_dispatch(),
         ),
     )
+}
+
+/// `activation::gelu(x)` (the exact, erf form) in parallel on the CPU; equal to Burn's bit
+/// for bit, output and gradient. Flex computes GELU on one thread; a transformer's MLP
+/// applies it to its widest activation. Other backends and dtypes run Burn's GELU.
+///
+/// ```
+/// use burn::tensor::{Device, Tensor};
+///
+/// let device = Device::flex().autodiff();
+/// let x = Tensor::<1>::from_floats([-1.0, 0.0, 2.0], &device).require_grad();
+/// let y = kiln_kernels::gelu(x.clone());
+/// let expected = burn::tensor::activation::gelu(x.clone().detach());
+/// assert_eq!(y.to_data(), expected.to_data());
+/// let grads = y.sum().backward();
+/// assert!(x.grad(&grads).is_some());
+/// ```
+pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    if !kernel_applies(&x) || x.shape().num_elements() == 0 {
+        return activation::gelu(x);
+    }
+    Tensor::from_dispatch(<burn::backend::Dispatch as ActivationKernel>::kiln_gelu(
+        x.into_dispatch(),
+    ))
 }

@@ -1,4 +1,4 @@
-//! ReLU and residual addition + ReLU registered with Burn's runtime dispatch: Flex runs
+//! ReLU, residual addition + ReLU, and GELU registered with Burn's runtime dispatch: Flex runs
 //! [`flex_activation`](crate::flex_activation)'s parallel passes, and Flex under autodiff
 //! records one backward step that keeps the output (the mask's source) and hands the masked
 //! gradient to every input.
@@ -12,8 +12,9 @@ use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 
 use crate::flex_activation;
 
-/// Backends that run kiln's activation kernels. Call them through [`relu`](crate::relu) and
-/// [`add_relu`](crate::add_relu), which route other backends and dtypes to Burn's.
+/// Backends that run kiln's activation kernels. Call them through [`relu`](crate::relu),
+/// [`add_relu`](crate::add_relu) and [`gelu`](crate::gelu), which route other backends and
+/// dtypes to Burn's.
 #[backend_extension(Flex, Autodiff)]
 pub trait ActivationKernel: Backend {
     /// `max(x, 0)` element-wise; NaN propagates.
@@ -21,6 +22,9 @@ pub trait ActivationKernel: Backend {
 
     /// `max(a + b, 0)` element-wise, for `a` and `b` of one shape.
     fn kiln_add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// GELU's exact form, `0.5·x·(1 + erf(x/√2))`, element-wise.
+    fn kiln_gelu(x: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 impl ActivationKernel for Flex {
@@ -30,6 +34,26 @@ impl ActivationKernel for Flex {
 
     fn kiln_add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         flex_activation::add_relu(a, b)
+    }
+
+    fn kiln_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        flex_activation::gelu(x)
+    }
+}
+
+/// The backward of a GELU: keeps the input (f32, contiguous).
+#[derive(Debug)]
+struct GeluBackward;
+
+impl Backward<Flex, 1> for GeluBackward {
+    type State = FloatTensor<Flex>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            let input_grad = flex_activation::gelu_backward(&ops.state, grad);
+            grads.register::<Flex>(node.id, input_grad);
+        }
     }
 }
 
@@ -79,6 +103,20 @@ impl<C: CheckpointStrategy> ActivationKernel for Autodiff<Flex, C> {
                 a.into_primitive(),
                 b.into_primitive(),
             )),
+        }
+    }
+
+    fn kiln_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        match GeluBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let input = flex_activation::readable(x.into_primitive());
+                prep.finish(input.clone(), flex_activation::gelu(input))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(flex_activation::gelu(x.into_primitive())),
         }
     }
 }

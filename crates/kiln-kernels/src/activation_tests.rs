@@ -1,11 +1,11 @@
-//! kiln's ReLU and residual addition + ReLU equal Burn's bit for bit: outputs and gradients,
+//! kiln's ReLU, residual addition + ReLU and GELU equal Burn's bit for bit: outputs and gradients,
 //! with NaN, signed zeros, shared and strided inputs, on the in-place and the copying paths.
 
 use burn::tensor::activation;
 use burn::tensor::{DType, Device, Distribution, Tensor, TensorData};
 use kiln_core::with_seed;
 
-use crate::{add_relu, relu};
+use crate::{add_relu, gelu, relu};
 
 fn bits<const D: usize>(t: Tensor<D>) -> Vec<u32> {
     t.into_data()
@@ -129,4 +129,41 @@ fn other_dtypes_and_shapes_take_burns_operations() {
     let row = input(2, &device).narrow(0, 0, 1).cast(DType::F16);
     let expected = bits(activation::relu(a.clone() + row.clone()));
     assert_eq!(bits(add_relu(a, row)), expected);
+}
+
+#[test]
+fn gelu_equals_burns_output_and_gradient() {
+    let device = Device::flex().autodiff();
+    let upstream = input(3, &device);
+    for strided in [false, true] {
+        let base = input(1, &device) * 3.0;
+        let (x, up) = if strided {
+            (
+                base.swap_dims(2, 3).require_grad(),
+                upstream.clone().swap_dims(2, 3),
+            )
+        } else {
+            (base.require_grad(), upstream.clone())
+        };
+        let ours = gelu(x.clone());
+        let theirs = activation::gelu(x.clone());
+        let g_ours = x.grad(&(ours.clone() * up.clone()).sum().backward());
+        let g_theirs = x.grad(&(theirs.clone() * up).sum().backward());
+        assert_eq!(bits(ours), bits(theirs), "strided {strided}");
+        assert_eq!(bits(g_ours.expect("grad")), bits(g_theirs.expect("grad")));
+    }
+    // Untracked: in place when nothing else holds the input, copied when something does.
+    let plain = Device::flex();
+    let expected = bits(activation::gelu(input(6, &plain)));
+    let shared = input(6, &plain);
+    assert_eq!(bits(gelu(shared.clone())), expected);
+    assert_eq!(bits(gelu(input(6, &plain))), expected);
+    assert_eq!(
+        bits(shared),
+        bits(input(6, &plain)),
+        "a shared input stays intact"
+    );
+    // The control: the tanh approximation differs.
+    let approximate = activation::gelu_approximate(input(6, &plain));
+    assert_ne!(bits(approximate), expected);
 }

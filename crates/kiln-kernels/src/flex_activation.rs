@@ -1,4 +1,4 @@
-//! ReLU, and a residual addition followed by ReLU, on f32 Flex tensors: element-wise passes
+//! ReLU, a residual addition followed by ReLU, and GELU on f32 Flex tensors: element-wise passes
 //! split into pieces over the caller's rayon pool, in place when the tensor is not shared.
 //!
 //! Flex runs its element-wise operations on one thread, so on two threads a ResNet step's
@@ -35,6 +35,21 @@ fn masked(output: f32, grad: f32) -> f32 {
     } else {
         0.0
     }
+}
+
+/// Flex's GELU of one element, `0.5·x·(1 + erf(x/√2))`, in Flex's order of operations.
+#[inline(always)]
+fn gelu_of(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x / core::f32::consts::SQRT_2))
+}
+
+/// Flex's GELU gradient of one element: `g·(Φ(x) + x·φ(x))`.
+#[inline(always)]
+fn gelu_gradient(x: f32, grad: f32) -> f32 {
+    let inverse_sqrt_2pi: f32 = 1.0 / (2.0 * core::f32::consts::PI).sqrt();
+    let cdf = 0.5 * (1.0 + libm::erff(x / core::f32::consts::SQRT_2));
+    let pdf = inverse_sqrt_2pi * (-0.5 * x * x).exp();
+    grad * (cdf + x * pdf)
 }
 
 /// The elements of a contiguous f32 tensor.
@@ -127,6 +142,37 @@ pub(crate) fn relu(x: FlexTensor) -> FlexTensor {
         Err(x) => {
             let out = each_into(values(&x), values(&x), |v, _| relu_of(v));
             from_vec(out, &x)
+        }
+    }
+}
+
+/// GELU (the exact, erf form) element-wise of an f32 tensor, in place when `x` is not shared
+/// (under autodiff the backward step keeps `x`, so it is shared and stays intact).
+pub(crate) fn gelu(x: FlexTensor) -> FlexTensor {
+    match writable(readable(x)) {
+        Ok(mut x) => {
+            each_in_place(x.storage_mut::<f32>(), None, |v, _| gelu_of(v));
+            x
+        }
+        Err(x) => {
+            let out = each_into(values(&x), values(&x), |v, _| gelu_of(v));
+            from_vec(out, &x)
+        }
+    }
+}
+
+/// The gradient through a GELU of `input` (one of this module's f32 contiguous tensors).
+pub(crate) fn gelu_backward(input: &FlexTensor, grad: FlexTensor) -> FlexTensor {
+    match writable(readable(grad)) {
+        Ok(mut grad) => {
+            each_in_place(grad.storage_mut::<f32>(), Some(values(input)), |g, x| {
+                gelu_gradient(x, g)
+            });
+            grad
+        }
+        Err(grad) => {
+            let out = each_into(values(input), values(&grad), gelu_gradient);
+            from_vec(out, input)
         }
     }
 }

@@ -61,9 +61,36 @@ pub(crate) fn matmul(
     lhs: (&[f32], Matrix),
     rhs: (&[f32], Matrix),
 ) {
-    let ((lhs, a), (rhs, b)) = (lhs, rhs);
-    let out = Matrix::row_major(a.rows, b.cols);
+    let out = Matrix::row_major(lhs.1.rows, rhs.1.cols);
+    matmul_into((dst, out), accumulate, lhs, rhs, true);
+}
+
+/// [`matmul`] into a destination whose rows lie `out.row_stride` apart (a block of columns
+/// of a wider row-major matrix: one attention head's columns, say); on the caller's thread
+/// alone unless `threaded` (a caller already splitting its work over the pool says no).
+///
+/// # Panics
+///
+/// As [`matmul`]; also if `out` is not `lhs.rows × rhs.cols`, its columns are not adjacent
+/// (`col_stride != 1`) or its rows overlap (`row_stride < cols`).
+pub(crate) fn matmul_into(
+    dst: (&mut [f32], Matrix),
+    accumulate: bool,
+    lhs: (&[f32], Matrix),
+    rhs: (&[f32], Matrix),
+    threaded: bool,
+) {
+    let ((dst, out), (lhs, a), (rhs, b)) = (dst, lhs, rhs);
     assert_eq!(a.cols, b.rows, "matmul: inner dimensions differ");
+    assert_eq!(
+        (out.rows, out.cols),
+        (a.rows, b.cols),
+        "matmul: destination shape"
+    );
+    assert!(
+        out.col_stride == 1 && out.row_stride >= out.cols,
+        "matmul: destination rows must not overlap"
+    );
     assert!(out.span() <= dst.len(), "matmul: destination too short");
     assert!(a.span() <= lhs.len(), "matmul: left operand too short");
     assert!(b.span() <= rhs.len(), "matmul: right operand too short");
@@ -72,7 +99,9 @@ pub(crate) fn matmul(
     }
     if a.cols == 0 {
         if !accumulate {
-            dst[..out.span()].fill(0.0);
+            for row in dst[..out.span()].chunks_mut(out.row_stride) {
+                row[..out.cols].fill(0.0);
+            }
         }
         return;
     }
@@ -80,8 +109,8 @@ pub(crate) fn matmul(
     // SAFETY: every offset gemm reads or writes is `i·row_stride + j·col_stride` with `i` and
     // `j` below the matrix's rows and columns, hence below its `span()`, which the asserts
     // above bound by the slice's length; `dst` is borrowed mutably and so aliases neither
-    // operand, and its row-major layout maps distinct (i, j) to distinct elements, so gemm's
-    // threads never write the same element.
+    // operand, and with unit column stride and rows no closer than its width it maps
+    // distinct (i, j) to distinct elements, so gemm's threads never write the same element.
     unsafe {
         gemm::gemm(
             out.rows,
@@ -102,14 +131,18 @@ pub(crate) fn matmul(
             false,
             false,
             false,
-            Parallelism::Rayon(0),
+            if threaded {
+                Parallelism::Rayon(0)
+            } else {
+                Parallelism::None
+            },
         );
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Matrix, matmul};
+    use super::{Matrix, matmul, matmul_into};
 
     fn naive(a: &[f32], am: Matrix, b: &[f32], bm: Matrix) -> Vec<f32> {
         let mut out = vec![0.0; am.rows * bm.cols];
@@ -148,6 +181,29 @@ mod tests {
             for j in 0..9 {
                 assert_eq!(t[j * 7 + i], ab[i * 9 + j]);
             }
+        }
+    }
+
+    /// Into a block of columns of a wider matrix: the block gets the product, the columns
+    /// beside it stay as they were.
+    #[test]
+    fn into_a_column_block_leaves_the_other_columns() {
+        let a: Vec<f32> = (0..4 * 3).map(|i| (i % 4) as f32 - 1.0).collect();
+        let b: Vec<f32> = (0..3 * 2).map(|i| (i % 3) as f32).collect();
+        let (am, bm) = (Matrix::row_major(4, 3), Matrix::row_major(3, 2));
+        let mut wide = [7.0; 4 * 5];
+        let block = Matrix {
+            rows: 4,
+            cols: 2,
+            row_stride: 5,
+            col_stride: 1,
+        };
+        matmul_into((&mut wide[1..], block), false, (&a, am), (&b, bm), false);
+        let expected = naive(&a, am, &b, bm);
+        for i in 0..4 {
+            assert_eq!(&wide[i * 5 + 1..i * 5 + 3], &expected[i * 2..i * 2 + 2]);
+            assert_eq!(wide[i * 5], 7.0);
+            assert_eq!(&wide[i * 5 + 3..i * 5 + 5], &[7.0, 7.0]);
         }
     }
 

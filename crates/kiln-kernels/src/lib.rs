@@ -43,6 +43,7 @@ mod activation;
 mod activation_extension;
 #[cfg(test)]
 mod activation_tests;
+mod attention;
 mod batch_norm;
 #[cfg(test)]
 mod batch_norm_inference_tests;
@@ -71,6 +72,7 @@ mod im2col;
 mod im2col_strided;
 mod isa;
 mod lane_sums;
+mod layer_norm;
 #[cfg(test)]
 mod layer_speed;
 mod norm_extension;
@@ -95,13 +97,15 @@ mod winograd_tests;
 mod winograd_tiles;
 mod zeroed;
 
-pub use activation::{add_relu, relu};
+pub use activation::{add_relu, gelu, relu};
 pub use activation_extension::ActivationKernel;
+pub use attention::{AttentionKernel, causal_attention};
 pub use batch_norm::{NormalizedBatch, batch_norm_inference, batch_norm_train};
 pub use conv_extension::ConvKernel;
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
 pub use geometry::ConvGeometry;
 pub use isa::MAX_ISA_VARIABLE;
+pub use layer_norm::{LayerNormKernel, layer_norm};
 pub use norm_extension::BatchNormKernel;
 pub use sgd::{
     FusedSgd, FusedSgdConfig, FusedSgdState, MomentumCoefficients, SgdCoefficients, SgdKernel,

@@ -5,7 +5,7 @@ use burn::nn::attention::MultiHeadAttentionConfig;
 use burn::nn::{DropoutConfig, EmbeddingConfig, Initializer, LayerNormConfig, LinearConfig};
 use burn::tensor::Device;
 
-use crate::{Block, Gpt};
+use crate::{Block, Gpt, NORM_EPSILON};
 
 /// The shape of a [`Gpt`]; [`init`](Self::init) builds it.
 #[derive(Config, Debug, PartialEq)]
@@ -82,12 +82,16 @@ impl GptConfig {
         let hidden = self.mlp_ratio * self.width;
         let blocks = (0..self.layers)
             .map(|_| Block {
-                norm_attention: LayerNormConfig::new(self.width).init(device),
+                norm_attention: LayerNormConfig::new(self.width)
+                    .with_epsilon(NORM_EPSILON)
+                    .init(device),
                 attention: MultiHeadAttentionConfig::new(self.width, self.heads)
                     .with_dropout(self.dropout)
                     .with_initializer(normal.clone())
                     .init(device),
-                norm_mlp: LayerNormConfig::new(self.width).init(device),
+                norm_mlp: LayerNormConfig::new(self.width)
+                    .with_epsilon(NORM_EPSILON)
+                    .init(device),
                 expand: linear(self.width, hidden),
                 contract: linear(hidden, self.width),
                 dropout: DropoutConfig::new(self.dropout).init(),
@@ -103,7 +107,9 @@ impl GptConfig {
             position: embedding(self.context),
             dropout: DropoutConfig::new(self.dropout).init(),
             blocks,
-            norm: LayerNormConfig::new(self.width).init(device),
+            norm: LayerNormConfig::new(self.width)
+                .with_epsilon(NORM_EPSILON)
+                .init(device),
             head: (!self.tied).then(|| {
                 LinearConfig::new(self.width, self.vocab_size)
                     .with_bias(false)

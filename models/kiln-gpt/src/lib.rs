@@ -39,7 +39,7 @@ mod tests;
 #[cfg(test)]
 mod training_tests;
 
-pub use block::Block;
+pub use block::{Block, NORM_EPSILON};
 pub use cache::KvCache;
 pub use config::GptConfig;
 pub use model::Gpt;
