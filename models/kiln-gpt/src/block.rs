@@ -60,7 +60,7 @@ impl Block {
 
 /// `linear` on every position of `x` `[batch, time, in]` as one `[batch·time, in]` matrix
 /// product. Burn's linear on a 3-D input multiplies per sequence against a broadcast weight
-/// and sums the weight's gradient over the batch afterwards: 1.7× the time of one product
+/// and sums the weight's gradient over the batch afterwards: 1.9× the time of one product
 /// for the GPT's MLP layer on 2 CPU threads.
 pub(crate) fn rows(linear: &Linear, x: Tensor<3>) -> Tensor<3> {
     let [batch, time, inputs] = x.dims();
