@@ -44,6 +44,7 @@ mod activation_extension;
 #[cfg(test)]
 mod activation_tests;
 mod attention;
+mod backward;
 mod batch_norm;
 #[cfg(test)]
 mod batch_norm_inference_tests;

@@ -10,6 +10,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 
 use super::flex;
+use crate::backward::register_parents;
 
 /// Backends that run kiln's attention kernel. Call it through
 /// [`causal_attention`](crate::causal_attention), which routes other backends and dtypes to
@@ -47,16 +48,7 @@ impl Backward<Flex, 3> for AttentionBackward {
     type State = flex::Saved;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        if ops.parents.iter().all(Option::is_none) {
-            return;
-        }
-        let gradients = flex::backward(&ops.state, grad);
-        for (node, gradient) in ops.parents.into_iter().zip(gradients) {
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, gradient);
-            }
-        }
+        register_parents(ops, grads, flex::backward);
     }
 }
 

@@ -9,6 +9,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 
 use super::flex;
+use crate::backward::register_parents;
 
 /// Backends that run kiln's layer-norm kernel. Call it through
 /// [`layer_norm`](crate::layer_norm), which routes other backends and dtypes to Burn's.
@@ -43,16 +44,7 @@ impl Backward<Flex, 3> for LayerNormBackward {
     type State = flex::Saved;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        if ops.parents.iter().all(Option::is_none) {
-            return;
-        }
-        let gradients = flex::backward(&ops.state, grad);
-        for (node, gradient) in ops.parents.into_iter().zip(gradients) {
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, gradient);
-            }
-        }
+        register_parents(ops, grads, flex::backward);
     }
 }
 
