@@ -147,14 +147,7 @@ fn peer_run(threads: usize, (warmup, total): (usize, usize)) -> Result<Run, Stri
         .args(["--weight-decay", &WEIGHT_DECAY.to_string()])
         .output()
         .map_err(|err| format!("python3 not found ({err})"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().last().unwrap_or_default();
-    let value: serde_json::Value = serde_json::from_str(line).map_err(|err| {
-        format!(
-            "the PyTorch peer printed no result ({err}): {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })?;
+    let (value, line) = super::peer::peer_result(&output)?;
     let field = |name: &str| {
         value[name]
             .as_f64()

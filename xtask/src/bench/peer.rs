@@ -58,17 +58,26 @@ fn peer_images_per_sec(
         .args(["--warmup", &warmup.to_string()])
         .args(["--steps", &measured.to_string()])
         .output()?;
+    let (value, line) = peer_result(&output)?;
+    value["images_per_sec"]
+        .as_f64()
+        .ok_or_else(|| format!("the PyTorch peer failed: {line}").into())
+}
+
+/// A peer's result: the JSON object on its last line of output, and that line; or why none,
+/// with everything it printed.
+pub(super) fn peer_result(
+    output: &std::process::Output,
+) -> Result<(serde_json::Value, String), String> {
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().last().unwrap_or_default();
-    let value: serde_json::Value = serde_json::from_str(line).map_err(|err| {
+    let line = stdout.lines().last().unwrap_or_default().to_string();
+    let value = serde_json::from_str(&line).map_err(|err| {
         format!(
             "the PyTorch peer printed no result ({err}): {stdout}{}",
             String::from_utf8_lossy(&output.stderr)
         )
     })?;
-    value["images_per_sec"]
-        .as_f64()
-        .ok_or_else(|| format!("the PyTorch peer failed: {line}").into())
+    Ok((value, line))
 }
 
 /// Widths, replicas and threads per replica: 1 thread per replica and all cores, deduplicated.
