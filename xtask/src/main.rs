@@ -13,10 +13,26 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Counts allocations so that benchmarks can report peak memory (CPU backends allocate
-/// tensors through the global allocator).
+/// Counts allocations so that benchmarks can report peak memory, per process and per
+/// pipeline stage, and the planner can measure activations (CPU backends allocate tensors
+/// through the global allocator).
 #[global_allocator]
-pub static PEAK: peak_alloc::PeakAlloc = peak_alloc::PeakAlloc;
+static ALLOCATOR: kiln::core::TrackingAllocator = kiln::core::TrackingAllocator;
+
+/// Bytes alive now in the process.
+pub fn live_bytes() -> u64 {
+    kiln::core::TrackingAllocator::live_bytes().unwrap_or(0)
+}
+
+/// The process's peak since the last [`reset_peak`], in bytes.
+pub fn peak_bytes() -> u64 {
+    kiln::core::TrackingAllocator::peak_bytes().unwrap_or(0)
+}
+
+/// Starts the process's peak again from the bytes alive now.
+pub fn reset_peak() {
+    kiln::core::TrackingAllocator::reset_peak();
+}
 
 #[derive(Parser)]
 #[command(about = "kiln developer tasks")]

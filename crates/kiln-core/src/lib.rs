@@ -15,6 +15,7 @@
 //! - [`warm_pool`] — keep a compute pool's threads polling for work between a step's parallel
 //!   regions instead of sleeping.
 //! - [`freed_memory`] — keep freed memory in the process, so steps stop faulting pages in.
+//! - [`memory`] — count the bytes alive on the CPU: the process's, and per piece of work.
 //! - [`params`] — small helpers to enumerate a module's parameters.
 //! - [`sync_norm`] — batch norm with statistics over every data-parallel replica.
 #![warn(missing_docs)]
@@ -26,6 +27,7 @@ pub mod flat;
 pub mod forward;
 pub mod freed_memory;
 pub mod gpu_runtime;
+pub mod memory;
 pub mod panic;
 pub mod params;
 pub mod seed;
@@ -43,6 +45,7 @@ pub use flat::{
 };
 pub use forward::Forward;
 pub use freed_memory::{FreedMemoryError, retain_freed_memory};
+pub use memory::{AccountId, Charging, MemoryAccount, TrackingAllocator};
 pub use panic::panic_message;
 pub use params::{ParamInfo, param_infos, segment_param_infos};
 pub use seed::{init_module, init_on_host, with_seed};

@@ -36,3 +36,8 @@ mod runtime;
 pub mod schedule;
 
 pub use runtime::{Pipeline, PipelineConfig, PipelineError, PipelineReport, StageReport};
+
+// The unit tests count each stage's memory, as a binary that installs the allocator does.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: kiln_core::TrackingAllocator = kiln_core::TrackingAllocator;

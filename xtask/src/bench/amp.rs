@@ -54,8 +54,8 @@ fn measure(
     .log_epochs(false)
     .build()?
     .fit()?;
-    let baseline = crate::PEAK.current_usage();
-    crate::PEAK.reset_peak_usage();
+    let baseline = crate::live_bytes();
+    crate::reset_peak();
     let (_, report) = Trainer::builder(
         model,
         SgdConfig::new()
@@ -76,7 +76,7 @@ fn measure(
     .log_epochs(false)
     .build()?
     .fit()?;
-    let peak = crate::PEAK.peak_usage().saturating_sub(baseline);
+    let peak = crate::peak_bytes().saturating_sub(baseline) as usize;
     let times = stats(
         report
             .steps

@@ -234,6 +234,8 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         }
         Err(why) => println!("gpt: the PyTorch peer skipped: {why}"),
     }
+    let memory = super::gpt_memory::run(args)?;
+    out.figures.extend(memory.figures);
     out.plots.push(Plot {
         file: "gpt_loss",
         title: "GPT training loss per step, kiln and PyTorch (same model, data, optimizer)",

@@ -8,6 +8,7 @@ mod checkpoint;
 mod collectives;
 mod ddp;
 mod gpt;
+mod gpt_memory;
 mod loader;
 mod optimizer;
 mod overhead;

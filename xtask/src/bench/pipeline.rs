@@ -154,10 +154,10 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
             points: Vec::new(),
         };
         for &m in micro_batch_counts {
-            let baseline = crate::PEAK.current_usage();
-            crate::PEAK.reset_peak_usage();
+            let baseline = crate::live_bytes();
+            crate::reset_peak();
             let report = run_once(kind, m, steps)?;
-            let peak = crate::PEAK.peak_usage().saturating_sub(baseline);
+            let peak = crate::peak_bytes().saturating_sub(baseline);
             let expected = bubble_formula(kind, STAGES, m)?;
             let bubble = report.bubble_fraction();
             measured.points.push((m as f64, bubble));

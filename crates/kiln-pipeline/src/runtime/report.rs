@@ -21,6 +21,13 @@ pub struct StageReport {
     pub segments: Vec<Range<usize>>,
     /// Bytes of the parameters and buffers the stage holds.
     pub param_bytes: usize,
+    /// The most bytes its threads held at once over the steps (parameters, gradients,
+    /// optimizer state, activations and scratch), counted by
+    /// [`kiln_core::TrackingAllocator`] per stage (a [`kiln_core::MemoryAccount`]): a block
+    /// counts for the stage that allocated it until it is released, so an activation sent
+    /// to the next stage is the sender's. `None` on an accelerator (its own pool holds the
+    /// tensors) or where the binary does not install the allocator.
+    pub peak_bytes: Option<u64>,
     /// The most micro-batch activations (counting each chunk) it held at once.
     pub peak_in_flight: usize,
     /// Fraction of the step time it computed, averaged over steps after the first.
@@ -130,6 +137,7 @@ pub(crate) fn finish<M: Segmented>(
         stages.push(StageReport {
             segments: stage.chunks().to_vec(),
             param_bytes: stage.param_bytes,
+            peak_bytes: stage.peak_bytes,
             peak_in_flight: driven.peak[index],
             busy_fraction: busy.as_secs_f64() / step_time.as_secs_f64().max(1e-12),
             forward_time: per_micro_batch(&driven.timed.forward[index]),

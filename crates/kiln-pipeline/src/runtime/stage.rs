@@ -63,6 +63,9 @@ pub(crate) struct Stage<M> {
     chunk_ranges: Option<Vec<Vec<Range<usize>>>>,
     /// Bytes of the stage's parameters and buffers as held.
     pub param_bytes: usize,
+    /// The most bytes its threads held at once over its steps, on a CPU device with
+    /// [`kiln_core::TrackingAllocator`] installed (set once trained).
+    pub peak_bytes: Option<u64>,
     /// Each compute takes this many times its time (see `PipelineConfig::emulated_slowdown`).
     pub emulated_slowdown: f64,
     /// The id of every parameter and buffer it owns (holds and saves), by whole-model path:
@@ -180,6 +183,7 @@ impl<M: Segmented> Stage<M> {
             chunk_ranges,
             layout,
             param_bytes,
+            peak_bytes: None,
             emulated_slowdown: 1.0,
             owned_ids,
             reads: ties.reads,

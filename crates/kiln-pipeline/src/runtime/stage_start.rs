@@ -8,7 +8,7 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_checkpoint::{RunIdentity, resume_owning};
-use kiln_core::{Segmented, panic_message};
+use kiln_core::{MemoryAccount, Segmented, panic_message};
 use kiln_train::{MeanGradient, Objective};
 
 use crate::runtime::mailbox::Abort;
@@ -65,9 +65,24 @@ where
 
     fn build_and_train(self) -> Result<Stage<M>, PipelineError> {
         let index = self.index;
+        // What the stage's threads allocate, for its peak memory on a CPU device (an
+        // accelerator keeps its tensors in its own pool, which this does not see).
+        let account = self
+            .device
+            .memory_pool_usage()
+            .is_none()
+            .then(MemoryAccount::open)
+            .flatten();
+        let _charging = account.as_ref().map(MemoryAccount::charge);
+        let charged = account.as_ref().map(MemoryAccount::id);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.threads)
             .thread_name(move |i| format!("kiln-stage-{index}-compute-{i}"))
+            .start_handler(move |_| {
+                if let Some(id) = charged {
+                    id.charge_this_thread();
+                }
+            })
             .build()
             .map_err(|err| PipelineError::Stage {
                 stage: index,
@@ -125,7 +140,11 @@ where
             rule.restore_state(&step_state)
                 .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
             let update = Update { optimizer, rule };
-            run_stage(
+            // The peak of the steps, not of the build (which makes the whole model first).
+            if let Some(account) = &account {
+                account.reset_peak();
+            }
+            let mut stage = run_stage(
                 index,
                 stage,
                 (self.plan, self.objective),
@@ -133,7 +152,9 @@ where
                 self.links,
                 self.steps,
                 self.done,
-            )
+            )?;
+            stage.peak_bytes = account.as_ref().map(MemoryAccount::peak_bytes);
+            Ok(stage)
         })
     }
 }

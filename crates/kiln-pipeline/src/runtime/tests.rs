@@ -277,9 +277,22 @@ fn clipping_takes_the_norm_over_every_stage() {
 #[test]
 fn stages_hold_only_their_parameters_and_1f1b_bounds_the_activations_in_flight() {
     let full = float_bytes(&build(&Device::flex().autodiff()));
+    let mut first_stage_peaks = Vec::new();
     for (kind, micro) in [(ScheduleKind::OneFOneB, 8), (ScheduleKind::GPipe, 8)] {
         let stages = 4;
         let report = pipeline(kind, stages, micro);
+        // Counted per stage: at least its parameters, gradients and momentum.
+        for (index, stage) in report.stages.iter().enumerate() {
+            let peak = stage
+                .peak_bytes
+                .expect("the tests install the tracking allocator");
+            assert!(
+                peak >= 3 * stage.param_bytes as u64,
+                "{kind}: stage {index} peaked at {peak} bytes, holding {} of parameters",
+                stage.param_bytes
+            );
+        }
+        first_stage_peaks.push(report.stages[0].peak_bytes.unwrap());
         let held: usize = report.stages.iter().map(|s| s.param_bytes).sum();
         assert_eq!(
             held, full,
@@ -309,6 +322,14 @@ fn stages_hold_only_their_parameters_and_1f1b_bounds_the_activations_in_flight()
             );
         }
     }
+    // Stage 0 holds 4 micro-batches' activations under 1F1B, all 8 under GPipe.
+    let [one_f_one_b, gpipe] = first_stage_peaks[..] else {
+        unreachable!("two runs")
+    };
+    assert!(
+        one_f_one_b < gpipe,
+        "stage 0's peak: 1F1B {one_f_one_b} bytes, GPipe {gpipe}"
+    );
 }
 
 #[test]
