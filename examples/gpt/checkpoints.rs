@@ -10,10 +10,17 @@ use crate::Args;
 /// Checkpoints kept in the directory (older ones are pruned).
 const KEPT: usize = 3;
 
-/// What the run is, for a checkpoint to refuse another run's: the model, its text, its
-/// optimizer schedule and precision (the plan is not part of it: any plan resumes it).
+/// Tokens of the byte-level tokenizer: a token is a byte's value.
+pub const BYTE_VOCABULARY: usize = 256;
+
+/// What the run is, for a checkpoint to refuse another run's: the model, its tokenizer and
+/// vocabulary (written into the manifest with the weights, so a checkpoint says how to read
+/// its tokens), its text, its optimizer schedule and precision (the plan is not part of it:
+/// any plan resumes it).
 pub fn identity(args: &Args, text: &str) -> RunIdentity {
     RunIdentity::new("kiln gpt, byte-level")
+        .with("tokenizer", "bytes (a token is a byte's value)")
+        .with("vocabulary", BYTE_VOCABULARY)
         .with("layers", args.layers)
         .with("heads", args.heads)
         .with("width", args.width)

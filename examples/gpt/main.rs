@@ -185,8 +185,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let identity = checkpoints::identity(&args, corpus.name());
     let from = checkpoints::resume_from(&args)?;
-    let config = GptConfig::new(256, args.context, args.layers, args.heads, args.width)
-        .with_tied(!args.untied);
+    let config = GptConfig::new(
+        checkpoints::BYTE_VOCABULARY,
+        args.context,
+        args.layers,
+        args.heads,
+        args.width,
+    )
+    .with_tied(!args.untied);
     println!(
         "kiln gpt: {} parameters ({} layers, {} heads, width {}, context {}, {}) on {} | {} ({} training, {} held-out bytes)",
         config.param_count(),
