@@ -31,15 +31,15 @@ use crate::svg::Series;
 
 const NAME: &str = "gpt";
 
-/// The `gpt` example's defaults.
-const LAYERS: usize = 4;
-const HEADS: usize = 4;
-const WIDTH: usize = 128;
-const CONTEXT: usize = 64;
-const BATCH: usize = 32;
+/// The `gpt` example's defaults (the memory bench's too).
+pub(super) const LAYERS: usize = 4;
+pub(super) const HEADS: usize = 4;
+pub(super) const WIDTH: usize = 128;
+pub(super) const CONTEXT: usize = 64;
+pub(super) const BATCH: usize = 32;
 const LR: f64 = 2e-3;
-const WEIGHT_DECAY: f32 = 0.1;
-const SEED: u64 = 1;
+pub(super) const WEIGHT_DECAY: f32 = 0.1;
+pub(super) const SEED: u64 = 1;
 
 /// Steps (left out of the speed, in all): enough for the loss curves to say something in a
 /// full run.

@@ -26,19 +26,14 @@ use kiln::planner::{
 use kiln::train::{LanguageModeling, LrSchedule};
 
 use super::Output;
+use super::gpt::{BATCH, CONTEXT, HEADS, LAYERS, SEED, WEIGHT_DECAY, WIDTH};
 use super::throughput::cores;
 use crate::BenchArgs;
 use crate::report::{Figure, Target};
 
 const NAME: &str = "gpt";
-const LAYERS: usize = 4;
-const HEADS: usize = 4;
-const WIDTH: usize = 128;
-const CONTEXT: usize = 64;
-const BATCH: usize = 32;
 const STAGES: usize = 2;
 const MICRO_BATCHES: usize = 8;
-const SEED: u64 = 1;
 
 /// How the stages trained.
 #[derive(Clone, Copy, PartialEq)]
@@ -74,7 +69,7 @@ fn build(device: &Device) -> kiln::gpt::Gpt {
 }
 
 fn optimizer() -> burn::optim::ModuleOptimizer {
-    kiln::gpt::adamw(&AdamWConfig::new().with_weight_decay(0.1))
+    kiln::gpt::adamw(&AdamWConfig::new().with_weight_decay(WEIGHT_DECAY))
 }
 
 fn windows(text: &TextCorpus, batch: usize, device: Device) -> Result<TextWindows, String> {

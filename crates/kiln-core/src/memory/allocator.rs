@@ -94,6 +94,24 @@ unsafe fn start_block(base: *mut u8, offset: usize, size: usize) -> *mut u8 {
     block
 }
 
+/// A block of `layout` from `system` (`System`'s `alloc` or `alloc_zeroed`), its account
+/// written in front; null where either fails.
+///
+/// # Safety
+/// `layout` as `GlobalAlloc::alloc` requires it (a non-zero size).
+unsafe fn allocate(layout: Layout, system: unsafe fn(&System, Layout) -> *mut u8) -> *mut u8 {
+    let Some((padded, offset)) = padded(layout) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: `padded` has a non-zero size (it includes the header).
+    let base = unsafe { system(&System, padded) };
+    if base.is_null() {
+        return base;
+    }
+    // SAFETY: `base` is a fresh allocation of `padded`, the block at `offset`.
+    unsafe { start_block(base, offset, layout.size()) }
+}
+
 // SAFETY: every block handed out is the tail of a `System` allocation of the padded layout
 // (`padded`): aligned to at least the requested alignment (the offset is a multiple of it),
 // as large as requested, owned by the caller until released. Release and reallocation find
@@ -102,29 +120,13 @@ unsafe fn start_block(base: *mut u8, offset: usize, size: usize) -> *mut u8 {
 // read and written inside the padding, never inside a block.
 unsafe impl GlobalAlloc for TrackingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let Some((padded, offset)) = padded(layout) else {
-            return std::ptr::null_mut();
-        };
-        // SAFETY: `padded` has a non-zero size (it includes the header).
-        let base = unsafe { System.alloc(padded) };
-        if base.is_null() {
-            return base;
-        }
-        // SAFETY: `base` is a fresh allocation of `padded`, the block at `offset`.
-        unsafe { start_block(base, offset, layout.size()) }
+        // SAFETY: the caller's layout contract is `System`'s.
+        unsafe { allocate(layout, GlobalAlloc::alloc) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let Some((padded, offset)) = padded(layout) else {
-            return std::ptr::null_mut();
-        };
-        // SAFETY: as for `alloc`.
-        let base = unsafe { System.alloc_zeroed(padded) };
-        if base.is_null() {
-            return base;
-        }
         // SAFETY: as for `alloc`; only the header's last byte is written, the block stays zero.
-        unsafe { start_block(base, offset, layout.size()) }
+        unsafe { allocate(layout, GlobalAlloc::alloc_zeroed) }
     }
 
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
