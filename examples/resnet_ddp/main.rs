@@ -33,6 +33,7 @@ mod faults;
 mod pipeline;
 mod planning;
 mod replica;
+mod report;
 mod selftest;
 mod startup;
 
@@ -120,41 +121,10 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         .iter()
         .map(DeviceSpec::device)
         .collect::<Result<Vec<_>, _>>()?;
-
-    let (train, valid, transforms): (Arc<dyn ImageSource>, Arc<dyn ImageSource>, Vec<Transform>) =
-        match &args.data {
-            Some(dir) => {
-                let mut transforms = Transform::cifar_augmentation();
-                transforms.push(Transform::cifar_normalize());
-                (
-                    Arc::new(Cifar10::train(dir)?),
-                    Arc::new(Cifar10::test(dir)?),
-                    transforms,
-                )
-            }
-            None => {
-                let train = SyntheticImages::cifar_like(args.synthetic_samples, 10, args.seed);
-                let valid = train.split(1_000, 1);
-                (Arc::new(train), Arc::new(valid), Vec::new())
-            }
-        };
-    let valid_transforms = transforms
-        .iter()
-        .filter(|t| matches!(t, Transform::Normalize { .. }))
-        .cloned()
-        .collect();
+    let data = Data::load(&args)?;
     let model =
         ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
-    let compression = match args.compression {
-        CompressionArg::F32 => Compression::None,
-        CompressionArg::F16 => Compression::F16,
-        CompressionArg::Bf16 => Compression::Bf16,
-    };
-    let gradient_path = match args.gradient_path {
-        GradientPathArg::Auto => GradientPath::Auto,
-        GradientPathArg::Host => GradientPath::Host,
-        GradientPathArg::Device => GradientPath::Device,
-    };
+    let mut config = ddp_config(&args);
     refuse_conflicts(&args)?;
     checkpoints::refuse_conflicts(&args)?;
     if args.amp != AmpArg::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
@@ -162,29 +132,11 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
             "note: --amp on the CPU backend saves activation memory, not time (bf16 steps run at about f32 speed, f16 steps about 1.8x slower: Flex's f16 element-wise kernels)"
         );
     }
-    let mode = match args.local_sgd {
-        Some(period) => SyncMode::LocalSgd { period },
-        None => SyncMode::Gradients,
-    };
-    let mut config = DdpConfig {
-        compression,
-        mode,
-        zero1: args.zero1,
-        bucket_cap_bytes: args.bucket_kb << 10,
-        first_bucket_bytes: (args.bucket_kb << 10) / 4,
-        divergence_check_every: args.check_every,
-        gradient_path,
-        sync_batch_norm: args.sync_bn,
-        threads_per_replica: args.threads,
-        precision: MixedPrecision::new(args.amp.precision()),
-        max_grad_norm: args.clip_grad_norm,
-        ..DdpConfig::default()
-    };
     let mut setup = Setup {
-        train,
-        valid,
-        transforms,
-        valid_transforms,
+        train: data.train,
+        valid: data.valid,
+        transforms: data.transforms,
+        valid_transforms: data.valid_transforms,
         model,
         planned_batches: None,
         resume_from: checkpoints::resume_from(&args)?,
@@ -211,43 +163,10 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     }
     let planning = planning_start.elapsed();
     checkpoints::record_config(&args, plan.as_ref())?;
-    let mut predicted_step = None;
-    if let Some(plan) = &plan {
-        predicted_step = Some(plan.predicted.step_seconds);
-        match &plan.layout {
-            Layout::Pipeline {
-                data_parallel,
-                stages,
-                schedule,
-                micro_batches,
-                split,
-                ..
-            } => {
-                let shape = pipeline::PipelineRun {
-                    stages: *stages,
-                    data_parallel: *data_parallel,
-                    micro_batches: *micro_batches,
-                    schedule: schedule.parse()?,
-                    split: Some(split.clone()),
-                    batch_size: plan.global_batch / data_parallel,
-                    predicted_step,
-                    gradient_checkpointing: plan.gradient_checkpointing,
-                };
-                return pipeline::run_restarting(&args, &mut setup, devices, shape);
-            }
-            Layout::DataParallel { batches } => {
-                if batches.len() != devices.len() {
-                    return Err(format!(
-                        "the plan has {} replicas for {} devices",
-                        batches.len(),
-                        devices.len()
-                    )
-                    .into());
-                }
-                setup.planned_batches = Some(batches.clone());
-                config.gradient_checkpointing = plan.gradient_checkpointing;
-            }
-        }
+    if let Some(plan) = &plan
+        && let Some(shape) = follow_plan(plan, &mut setup, &mut config, devices.len())?
+    {
+        return pipeline::run_restarting(&args, &mut setup, devices, shape);
     }
 
     let outcomes: Vec<Outcome> = match args.comm {
@@ -264,113 +183,134 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         }
         CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };
-
-    let mut global_images = 0.0;
-    let mut slowest_secs: f64 = 0.0;
-    for outcome in &outcomes {
-        let report = &outcome.report;
-        let images: f64 = report
-            .epochs
-            .iter()
-            .map(|e| e.images_per_sec * e.elapsed.as_secs_f64())
-            .sum();
-        let secs: f64 = report.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum();
-        global_images += images;
-        slowest_secs = slowest_secs.max(secs);
-        let mut line = format!(
-            "replica {}: {:.0} img/s",
-            outcome.rank,
-            images / secs.max(1e-9)
-        );
-        if outcome.sync.buckets == 0 {
-            line += " | sync: nothing to exchange (one replica)";
-        } else {
-            let stats = &outcome.sync;
-            line += &format!(
-                " | sync ({}): {:.1} MB/step in {} buckets, exposed {:.1}% of compute",
-                outcome.transport,
-                stats.bytes as f64 / stats.steps.max(1) as f64 / 1e6,
-                stats.buckets / stats.steps.max(1),
-                100.0 * stats.overhead(),
-            );
-            if stats.communication.is_zero() && outcome.transport.contains("native") {
-                // NCCL runs on its own stream; only the wait for it is timed on the host.
-                line += ", reduction time not measured on the native path";
-            } else {
-                line += &format!(
-                    ", {:.0}% of communication hidden",
-                    100.0 * stats.hidden_fraction()
-                );
-            }
-            if let Some((owned, total)) = stats.optimizer_shard {
-                line += &format!(
-                    " | ZeRO-1: optimizer state for {owned} of {total} parameters ({:.0}% saved)",
-                    100.0 * (1.0 - owned as f64 / total as f64)
-                );
-            }
-        }
-        if let Some(amp) = &outcome.amp {
-            line += &format!(
-                " | AMP {}: loss scale {}, {} of {} steps skipped",
-                args.amp.precision(),
-                amp.scale,
-                amp.skipped,
-                amp.steps
-            );
-        }
-        println!("{line}");
-        if outcome.rank == 0 {
-            println!("final parameters fingerprint: {:016x}", outcome.fingerprint);
-        }
-    }
-    if outcomes.len() > 1 {
-        // Replicas run side by side: all images over the slowest replica's time.
-        println!(
-            "all {} replicas of this process: {:.0} img/s",
-            outcomes.len(),
-            global_images / slowest_secs.max(1e-9)
-        );
-    }
-    if let Some(stopped) = outcomes.iter().find_map(|o| o.report.stopped_at) {
-        println!(
-            "stopped at step {} by SIGTERM; continue with --resume latest",
-            stopped.step
-        );
-    }
-    // Each replica's batch: the plan's shares, else --batch-size (MPI: ranks over processes).
-    let batches = setup.planned_batches.clone().unwrap_or_else(|| {
-        vec![args.batch_size; outcomes.iter().map(|o| o.rank + 1).max().unwrap_or(0)]
-    });
-    // The median step after the first (which warms up), of the slowest replica: steps in
-    // lockstep, validation and start-up not counted, as the prediction does not.
-    let median_step = outcomes
-        .iter()
-        .map(|outcome| {
-            startup::median_step_seconds(&outcome.report, batches[outcome.rank] * args.accumulation)
-        })
-        .fold(0.0, f64::max);
-    if let Some(line) = startup::startup_line(process_start, planning, &outcomes, median_step) {
-        println!("{line}");
-    }
-    if let (Some(plan), Some(predicted)) = (&plan, predicted_step)
-        && let Layout::DataParallel { .. } = &plan.layout
-    {
-        let measured = median_step;
-        if measured.is_finite() && measured > 0.0 {
-            println!(
-                "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
-                predicted * 1e3,
-                measured * 1e3,
-                100.0 * (measured / predicted - 1.0)
-            );
-        } else {
-            println!(
-                "planner: predicted step {:.1} ms, nothing measured (the first step warms up and is not counted: train 2 steps or more to compare)",
-                predicted * 1e3
-            );
-        }
-    }
+    report::print_replicas(&args, &outcomes);
+    report::print_timing(
+        &args,
+        &setup,
+        &outcomes,
+        process_start,
+        planning,
+        plan.as_ref(),
+    );
     Ok(())
+}
+
+/// The training and validation images with their transforms: CIFAR-10 from `--data`
+/// (augmented, normalised), else a synthetic CIFAR-shaped task.
+struct Data {
+    train: Arc<dyn ImageSource>,
+    valid: Arc<dyn ImageSource>,
+    transforms: Vec<Transform>,
+    /// The training transforms without augmentation.
+    valid_transforms: Vec<Transform>,
+}
+
+impl Data {
+    fn load(args: &Args) -> Result<Self, Box<dyn std::error::Error>> {
+        let (train, valid, transforms): (Arc<dyn ImageSource>, Arc<dyn ImageSource>, _) =
+            match &args.data {
+                Some(dir) => {
+                    let mut transforms = Transform::cifar_augmentation();
+                    transforms.push(Transform::cifar_normalize());
+                    (
+                        Arc::new(Cifar10::train(dir)?),
+                        Arc::new(Cifar10::test(dir)?),
+                        transforms,
+                    )
+                }
+                None => {
+                    let train = SyntheticImages::cifar_like(args.synthetic_samples, 10, args.seed);
+                    let valid = train.split(1_000, 1);
+                    (Arc::new(train), Arc::new(valid), Vec::new())
+                }
+            };
+        let valid_transforms = transforms
+            .iter()
+            .filter(|t| matches!(t, Transform::Normalize { .. }))
+            .cloned()
+            .collect();
+        Ok(Self {
+            train,
+            valid,
+            transforms,
+            valid_transforms,
+        })
+    }
+}
+
+/// The data-parallel options the command line asks for.
+fn ddp_config(args: &Args) -> DdpConfig {
+    let compression = match args.compression {
+        CompressionArg::F32 => Compression::None,
+        CompressionArg::F16 => Compression::F16,
+        CompressionArg::Bf16 => Compression::Bf16,
+    };
+    let gradient_path = match args.gradient_path {
+        GradientPathArg::Auto => GradientPath::Auto,
+        GradientPathArg::Host => GradientPath::Host,
+        GradientPathArg::Device => GradientPath::Device,
+    };
+    let mode = match args.local_sgd {
+        Some(period) => SyncMode::LocalSgd { period },
+        None => SyncMode::Gradients,
+    };
+    DdpConfig {
+        compression,
+        mode,
+        zero1: args.zero1,
+        bucket_cap_bytes: args.bucket_kb << 10,
+        first_bucket_bytes: (args.bucket_kb << 10) / 4,
+        divergence_check_every: args.check_every,
+        gradient_path,
+        sync_batch_norm: args.sync_bn,
+        threads_per_replica: args.threads,
+        precision: MixedPrecision::new(args.amp.precision()),
+        max_grad_norm: args.clip_grad_norm,
+        ..DdpConfig::default()
+    }
+}
+
+/// Takes the planner's choice: a pipeline's shape to run, or (`None`) the data-parallel
+/// replicas' batches and checkpointing written into `setup` and `config`.
+fn follow_plan(
+    plan: &kiln::planner::Plan,
+    setup: &mut Setup,
+    config: &mut DdpConfig,
+    devices: usize,
+) -> Result<Option<pipeline::PipelineRun>, Box<dyn std::error::Error>> {
+    let predicted_step = Some(plan.predicted.step_seconds);
+    match &plan.layout {
+        Layout::Pipeline {
+            data_parallel,
+            stages,
+            schedule,
+            micro_batches,
+            split,
+            ..
+        } => Ok(Some(pipeline::PipelineRun {
+            stages: *stages,
+            data_parallel: *data_parallel,
+            micro_batches: *micro_batches,
+            schedule: schedule.parse()?,
+            split: Some(split.clone()),
+            batch_size: plan.global_batch / data_parallel,
+            predicted_step,
+            gradient_checkpointing: plan.gradient_checkpointing,
+        })),
+        Layout::DataParallel { batches } => {
+            if batches.len() != devices {
+                return Err(format!(
+                    "the plan has {} replicas for {} devices",
+                    batches.len(),
+                    devices
+                )
+                .into());
+            }
+            setup.planned_batches = Some(batches.clone());
+            config.gradient_checkpointing = plan.gradient_checkpointing;
+            Ok(None)
+        }
+    }
 }
 
 /// The model every run of the example trains (and the planner profiles): `--seed`'s, built on

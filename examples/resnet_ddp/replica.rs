@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use kiln::amp::{MixedPrecision, Precision};
 use kiln::core::fingerprint;
-use kiln::data::DataLoader;
+use kiln::data::{DataLoader, ImageBatch};
 use kiln::ddp::{DdpConfig, Replica};
 use kiln::resnet::ResNet;
-use kiln::train::{LrSchedule, TrainError, Trainer};
+use kiln::train::{GradientStep, LrSchedule, TrainError, TrainPosition, Trainer, TrainerBuilder};
 
 use crate::args::{Args, LrScalingArg};
 use crate::{Outcome, Setup, build_model, checkpoints, faults, optimizer};
@@ -71,30 +71,7 @@ pub(crate) fn train_replica(
     let device = replica.train_device();
     let primary = replica.is_primary();
     let model = replica.broadcast_module(build_model(args, setup, &device))?;
-    // Uneven shares take each step's samples as parts of a contiguous run of the epoch's
-    // order, whatever the split: a checkpoint resumes on another split with the same steps.
-    let (batch_size, shares) = if args.balance {
-        let split = replica.split_batch(
-            measure_throughput(&model, setup, args, &device)?,
-            args.global_batch
-                .unwrap_or(args.batch_size * replica.world_size()),
-        )?;
-        if primary {
-            println!(
-                "balanced batches {:?} from measured {:?} img/s",
-                split.batches, split.throughput
-            );
-        }
-        (split.batches[replica.rank()], Some(split.batches.clone()))
-    } else if let Some(batches) = &setup.planned_batches
-        && batches.iter().any(|&b| b != batches[0])
-    {
-        (batches[replica.rank()], Some(batches.clone()))
-    } else if let Some(batches) = &setup.planned_batches {
-        (batches[0], None)
-    } else {
-        (args.batch_size, None)
-    };
+    let (batch_size, shares) = batch_share(&replica, args, setup, &model, &device)?;
     let mut train_loader = DataLoader::builder(Arc::clone(&setup.train))
         .batch_size(batch_size)
         .num_workers(args.workers)
@@ -141,24 +118,13 @@ pub(crate) fn train_replica(
         owned.as_deref(),
         primary,
     )?;
-    // Every replica must continue from the same step (under MPI each process reads the run
-    // directory itself: a directory that is not shared would split the run).
-    let step_at = position.step as f32;
-    let range = replica
-        .comm()
-        .all_reduce_values(vec![step_at, -step_at], kiln::comm::ReduceOp::Max)?;
-    if range[0] != -range[1] {
-        return Err(TrainError::Checkpoint(format!(
-            "replicas would resume from different steps ({} to {}): every process must see the same --run-dir (a shared file system)",
-            -range[1], range[0]
-        )));
-    }
+    agree_on_start(&replica, position.step)?;
     let mut step = if args.no_overlap {
         replica.non_overlapped_step()
     } else {
         replica.overlapped_step()
     };
-    kiln::train::GradientStep::<ResNet>::restore_state(&mut step, &step_state)?;
+    GradientStep::<ResNet>::restore_state(&mut step, &step_state)?;
     let (sync, transport) = (step.stats(), step.transport());
     let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
     // The last replica carries an injected fault, if asked for.
@@ -186,24 +152,8 @@ pub(crate) fn train_replica(
     if let Some(flag) = &setup.stop {
         builder = builder.stop_flag(flag.clone());
     }
-    if primary && let Some(log) = checkpoints::run_log(args, &position)? {
-        builder = builder.observer(log);
-    }
-    if primary && let Some(file) = &args.profile_kernels {
-        builder = builder.observer(crate::startup::ProfileMark::new(
-            file.clone(),
-            args.profile_warmup,
-            replica.device().clone(),
-        ));
-    }
     if primary {
-        let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
-            .batch_size(256)
-            .num_workers(args.workers)
-            .transforms(setup.valid_transforms.clone())
-            .device(replica.device().clone())
-            .build();
-        builder = builder.valid_loader(valid_loader);
+        builder = primary_extras(builder, &replica, args, setup, &position)?;
     }
     builder = match args.steps {
         Some(steps) => builder.max_steps(steps),
@@ -220,6 +170,82 @@ pub(crate) fn train_replica(
         amp,
         fingerprint: fingerprint(&model),
     })
+}
+
+/// This replica's batch and, for uneven shares, every replica's: balanced from measured
+/// throughput (`--balance`), the plan's, or `--batch-size`.
+fn batch_share(
+    replica: &Replica,
+    args: &Args,
+    setup: &Setup,
+    model: &ResNet,
+    device: &burn::tensor::Device,
+) -> Result<(usize, Option<Vec<usize>>), TrainError> {
+    // Uneven shares take each step's samples as parts of a contiguous run of the epoch's
+    // order, whatever the split: a checkpoint resumes on another split with the same steps.
+    Ok(if args.balance {
+        let split = replica.split_batch(
+            measure_throughput(model, setup, args, device)?,
+            args.global_batch
+                .unwrap_or(args.batch_size * replica.world_size()),
+        )?;
+        if replica.is_primary() {
+            println!(
+                "balanced batches {:?} from measured {:?} img/s",
+                split.batches, split.throughput
+            );
+        }
+        (split.batches[replica.rank()], Some(split.batches.clone()))
+    } else if let Some(batches) = &setup.planned_batches
+        && batches.iter().any(|&b| b != batches[0])
+    {
+        (batches[replica.rank()], Some(batches.clone()))
+    } else if let Some(batches) = &setup.planned_batches {
+        (batches[0], None)
+    } else {
+        (args.batch_size, None)
+    })
+}
+
+/// Every replica must continue from the same step (under MPI each process reads the run
+/// directory itself: a directory that is not shared would split the run).
+fn agree_on_start(replica: &Replica, step: usize) -> Result<(), TrainError> {
+    let (first, last) = replica
+        .comm()
+        .run(move |comm| comm.value_range(step as u64))?;
+    if first != last {
+        return Err(TrainError::Checkpoint(format!(
+            "replicas would resume from different steps ({first} to {last}): every process must see the same --run-dir (a shared file system)"
+        )));
+    }
+    Ok(())
+}
+
+/// What only the primary replica does: the run log, the kernel-profile marks and validation.
+fn primary_extras<S: GradientStep<ResNet, ImageBatch>>(
+    mut builder: TrainerBuilder<ResNet, S>,
+    replica: &Replica,
+    args: &Args,
+    setup: &Setup,
+    position: &TrainPosition,
+) -> Result<TrainerBuilder<ResNet, S>, TrainError> {
+    if let Some(log) = checkpoints::run_log(args, position)? {
+        builder = builder.observer(log);
+    }
+    if let Some(file) = &args.profile_kernels {
+        builder = builder.observer(crate::startup::ProfileMark::new(
+            file.clone(),
+            args.profile_warmup,
+            replica.device().clone(),
+        ));
+    }
+    let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
+        .batch_size(256)
+        .num_workers(args.workers)
+        .transforms(setup.valid_transforms.clone())
+        .device(replica.device().clone())
+        .build();
+    Ok(builder.valid_loader(valid_loader))
 }
 
 /// This replica's training throughput (images/s) over a few probe steps on its device.

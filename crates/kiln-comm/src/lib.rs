@@ -70,6 +70,7 @@ mod mpi_ordered;
 mod mpi_p2p;
 mod mpi_tags;
 mod op;
+mod value_range;
 mod worker;
 
 pub use buffer::ReduceBuffer;

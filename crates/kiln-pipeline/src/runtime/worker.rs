@@ -1,22 +1,22 @@
 //! One stage's thread: runs its actions of the schedule, step after step.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::optim::ModuleOptimizer;
 use crossbeam_channel::{Receiver, Sender};
 use kiln_comm::Communicator;
 use kiln_core::Segmented;
-use kiln_data::{Batch, ImageBatch};
+use kiln_data::ImageBatch;
 use kiln_train::{MeanGradient, Objective};
 
 use crate::runtime::PipelineError;
 use crate::runtime::checkpoint::{PartSender, hand_over};
 use crate::runtime::evaluate::evaluate;
-use crate::runtime::mailbox::{Carries, Mailbox, Message};
+use crate::runtime::mailbox::{Mailbox, Message};
 use crate::runtime::overlap::CopiesReduce;
-use crate::runtime::stage::{Forwarded, Input, Stage};
-use crate::schedule::{Action, Schedule};
+use crate::runtime::stage::Stage;
+use crate::runtime::stage_step::train_step;
+use crate::schedule::Schedule;
 
 /// What the driver hands every stage for one step (micro-batches of `B`).
 pub(crate) struct StepData<B = ImageBatch> {
@@ -111,7 +111,6 @@ where
     O: Objective,
     M: Segmented<Input = O::Input, Output = O::Output> + 'static,
 {
-    let last_virtual = schedule.virtual_stages() - 1;
     // The copies of this stage add their gradients on a communication thread, each chunk's
     // as soon as it is final.
     let mut copies = links
@@ -122,183 +121,24 @@ where
         if let Some(device) = &links.batches_to {
             data.move_batches(device, index)?;
         }
-        // Validation and checkpoints answer at once; a training step runs below.
-        let answered = match data.work {
-            Work::Train => None,
-            Work::Evaluate => Some(evaluate(
-                index,
-                (&stage, objective),
-                schedule,
-                &mut links,
-                &data,
-            )?),
-            Work::Save => {
-                if let Some(parts) = &links.parts {
-                    let step_state = update.rule.saved_state();
-                    hand_over(
-                        index,
-                        data.step,
-                        (&stage.model, &update.optimizer, step_state),
-                        &stage.owned_ids,
-                        parts,
-                    );
-                }
-                Some(StepDone {
-                    thread: links.thread,
-                    ..StepDone::default()
-                })
+        // Validation and checkpoints answer at once; a training step runs its actions.
+        let report = match data.work {
+            Work::Train => {
+                let (trained, report) = train_step(
+                    index,
+                    stage,
+                    (schedule, objective),
+                    &mut update,
+                    &mut links,
+                    &mut copies,
+                    &data,
+                )?;
+                stage = trained;
+                report
             }
+            Work::Evaluate => evaluate(index, (&stage, objective), schedule, &mut links, &data)?,
+            Work::Save => save(index, &stage, &update, &links, data.step),
         };
-        if let Some(report) = answered {
-            if done.send(report).is_err() {
-                break; // the driver stopped
-            }
-            continue;
-        }
-        if data.panic && index + 1 == schedule.stages() {
-            panic!(
-                "injected fault at step {} (PipelineConfig::panic_at_step)",
-                data.step
-            );
-        }
-        let sizes: Vec<usize> = data.micro_batches.iter().map(Batch::samples).collect();
-        let mut report = StepDone {
-            thread: links.thread,
-            forward: vec![Duration::ZERO; schedule.chunks()],
-            backward: vec![Duration::ZERO; schedule.chunks()],
-            ..StepDone::default()
-        };
-        // Outputs waiting to be sent or handed to this stage's next chunk, inputs received,
-        // forward state kept for backward, and gradients of chunk inputs.
-        let mut outputs: HashMap<(usize, usize), M::Hidden> = HashMap::new();
-        let mut forwarded: HashMap<(usize, usize), Forwarded<M::Hidden>> = HashMap::new();
-        let mut input_grads: HashMap<(usize, usize), M::Hidden> = HashMap::new();
-        let mut in_flight = 0usize;
-        // Mixed precision: the stage's parameters cast once per step (f32: the master).
-        let precision = update.rule.precision().clone();
-        let mut working = precision.working_copy(&stage.model);
-        for (position, action) in schedule.actions(index).iter().enumerate() {
-            match *action {
-                Action::Forward { micro, chunk } => {
-                    let virtual_stage = schedule.virtual_stage(index, chunk);
-                    let input = if virtual_stage == 0 {
-                        Input::Model(Box::new(objective.input(&data.micro_batches[micro])))
-                    } else if let Some(hidden) = outputs.remove(&(micro, virtual_stage - 1)) {
-                        Input::Hidden(hidden) // the previous chunk is on this stage
-                    } else {
-                        Input::Hidden(links.mailbox.take(
-                            Carries::Activation,
-                            micro,
-                            virtual_stage,
-                        )?)
-                    };
-                    let targets =
-                        (virtual_stage == last_virtual).then(|| &data.micro_batches[micro]);
-                    let start = Instant::now();
-                    let (state, loss) = stage.forward(
-                        working.as_ref(),
-                        (&precision, objective),
-                        chunk,
-                        input,
-                        targets,
-                    );
-                    let elapsed = stage.emulate(start.elapsed());
-                    report.forward[chunk] += elapsed;
-                    if let Some((loss, correct)) = loss {
-                        report.loss_sum += f64::from(loss) * sizes[micro] as f64;
-                        report.correct += correct;
-                    }
-                    if let Some(output) = state.output_for_next() {
-                        outputs.insert((micro, virtual_stage), output);
-                    }
-                    forwarded.insert((micro, chunk), state);
-                    in_flight += 1;
-                    report.peak_in_flight = report.peak_in_flight.max(in_flight);
-                }
-                Action::SendActivation { micro, chunk, to } => {
-                    let from = schedule.virtual_stage(index, chunk);
-                    let value = outputs
-                        .remove(&(micro, from))
-                        .expect("sent after its forward");
-                    send(
-                        &links.peers[to],
-                        Carries::Activation,
-                        micro,
-                        from + 1,
-                        value,
-                    );
-                }
-                Action::RecvActivation { .. } | Action::RecvGradient { .. } => {
-                    // Taken from the mailbox when the compute needs it (messages may arrive
-                    // in any order; the mailbox holds the early ones).
-                }
-                Action::Backward { micro, chunk } => {
-                    let virtual_stage = schedule.virtual_stage(index, chunk);
-                    let upstream = if virtual_stage == last_virtual {
-                        None
-                    } else if let Some(grad) = input_grads.remove(&(micro, virtual_stage + 1)) {
-                        Some(grad) // the next chunk is on this stage
-                    } else {
-                        Some(
-                            links
-                                .mailbox
-                                .take(Carries::Gradient, micro, virtual_stage)?,
-                        )
-                    };
-                    let state = forwarded
-                        .remove(&(micro, chunk))
-                        .expect("forward ran first");
-                    let start = Instant::now();
-                    let weight = precision.gradient_weight(sizes[micro]);
-                    let grad =
-                        stage.backward(working.as_ref(), index, chunk, state, upstream, weight)?;
-                    let elapsed = stage.emulate(start.elapsed());
-                    report.backward[chunk] += elapsed;
-                    in_flight -= 1;
-                    if let Some(grad) = grad {
-                        input_grads.insert((micro, virtual_stage), grad);
-                    }
-                    if let Some(copies) = copies.as_mut() {
-                        copies.backward_done(position, chunk, &stage);
-                    }
-                }
-                Action::SendGradient { micro, chunk, to } => {
-                    let from = schedule.virtual_stage(index, chunk);
-                    let value = input_grads
-                        .remove(&(micro, from))
-                        .expect("sent after its backward");
-                    send(&links.peers[to], Carries::Gradient, micro, from - 1, value);
-                }
-                Action::ReduceGradients => {
-                    // One pipeline has nothing to reduce; data-parallel copies of this stage
-                    // add their summed gradients.
-                    if let Some(copies) = copies.as_mut() {
-                        copies.finish(&mut stage, index)?;
-                    }
-                }
-                Action::OptimizerStep => {
-                    working = None; // the step is done with it
-                    // Tied parameters shared with other stages: their gradients summed
-                    // between the stages (each stage's already over its copies).
-                    stage.sum_tied(index, links.pipeline)?;
-                    stage = stage.step(
-                        index,
-                        &mut update.rule,
-                        links.pipeline,
-                        &mut update.optimizer,
-                        data.lr,
-                        data.samples,
-                    )?;
-                }
-            }
-        }
-        if data.check {
-            if let Some(copies) = &copies {
-                stage.check_copies(index, copies.worker(), data.step)?;
-            }
-            stage.check_tied(index, links.pipeline, data.step)?;
-        }
-        report.loss_scale = update.rule.loss_scale();
         if done.send(report).is_err() {
             break; // the driver stopped
         }
@@ -311,12 +151,30 @@ where
     Ok(stage)
 }
 
-/// Sends `value` to a peer; a peer that is gone shows up as its own error on the driver.
-fn send<H>(peer: &Sender<Message<H>>, carries: Carries, micro: usize, to: usize, value: H) {
-    let _ = peer.send(Message {
-        carries,
-        micro,
-        to,
-        value,
-    });
+/// Stage `index`'s answer to a checkpoint at step `step`: its part handed over (when it
+/// saves), and an empty report.
+fn save<M>(
+    index: usize,
+    stage: &Stage<M>,
+    update: &Update,
+    links: &Links<'_, M::Hidden>,
+    step: usize,
+) -> StepDone
+where
+    M: Segmented + 'static,
+{
+    if let Some(parts) = &links.parts {
+        let step_state = update.rule.saved_state();
+        hand_over(
+            index,
+            step,
+            (&stage.model, &update.optimizer, step_state),
+            &stage.owned_ids,
+            parts,
+        );
+    }
+    StepDone {
+        thread: links.thread,
+        ..StepDone::default()
+    }
 }

@@ -157,134 +157,208 @@ impl Schedule {
 
     /// The order of one stage's list, and its completeness.
     fn check_stage(&self, stage: usize) -> Result<(), ScheduleError> {
-        let micro_batches = self.micro_batches();
-        let chunks = self.chunks();
-        let cells = chunks * micro_batches;
-        let slot = |micro: usize, chunk: usize| chunk * micro_batches + micro;
-        let mut forward = vec![None; cells];
-        let mut backward = vec![None; cells];
-        let mut recv_activation = vec![false; cells];
-        let mut recv_gradient = vec![false; cells];
-        let mut reduce = None;
-        let mut step = None;
-        let shared = self.stages() == 1;
-        let last = self.virtual_stages() - 1;
+        let mut order = StageOrder::new(self, stage);
         for (index, action) in self.actions(stage).iter().enumerate() {
-            let fail = |problem: String| Err(invalid(stage, index, *action, problem));
-            if let (true, Some(done)) = (action.is_compute(), reduce) {
-                return fail(format!(
-                    "runs after reduce gradients (action {done}): all compute must finish \
-                     before the gradients are reduced"
-                ));
-            }
-            match *action {
-                Action::Forward { micro, chunk } => {
-                    let here = self.virtual_stage(stage, chunk);
-                    if let Some(first) = forward[slot(micro, chunk)] {
-                        return fail(format!("forwarded twice (first at action {first})"));
-                    }
-                    if here > 0 && shared && forward[slot(micro, chunk - 1)].is_none() {
-                        return fail(format!(
-                            "its input comes from forward of micro-batch {micro} on chunk {}, \
-                             which has not run yet on this stage",
-                            chunk - 1
-                        ));
-                    }
-                    if here > 0 && !shared && !recv_activation[slot(micro, chunk)] {
-                        let (from, _) = self.placement(here - 1);
-                        return fail(format!(
-                            "its input activation has not been received: no recv activation \
-                             of micro-batch {micro} from stage {from} comes before it"
-                        ));
-                    }
-                    forward[slot(micro, chunk)] = Some(index);
-                }
-                Action::Backward { micro, chunk } => {
-                    let here = self.virtual_stage(stage, chunk);
-                    if let Some(first) = backward[slot(micro, chunk)] {
-                        return fail(format!("backwarded twice (first at action {first})"));
-                    }
-                    if forward[slot(micro, chunk)].is_none() {
-                        return fail(format!(
-                            "runs before the forward of micro-batch {micro} on this stage"
-                        ));
-                    }
-                    if here < last && shared && backward[slot(micro, chunk + 1)].is_none() {
-                        return fail(format!(
-                            "its output gradient comes from backward of micro-batch {micro} \
-                             on chunk {}, which has not run yet on this stage",
-                            chunk + 1
-                        ));
-                    }
-                    if here < last && !shared && !recv_gradient[slot(micro, chunk)] {
-                        let (from, _) = self.placement(here + 1);
-                        return fail(format!(
-                            "its output gradient has not been received: no recv gradient of \
-                             micro-batch {micro} from stage {from} comes before it"
-                        ));
-                    }
-                    backward[slot(micro, chunk)] = Some(index);
-                }
-                Action::SendActivation { micro, chunk, .. } => {
-                    if forward[slot(micro, chunk)].is_none() {
-                        return fail("comes before the forward that produces it".to_string());
-                    }
-                }
-                Action::SendGradient { micro, chunk, .. } => {
-                    if backward[slot(micro, chunk)].is_none() {
-                        return fail("comes before the backward that produces it".to_string());
-                    }
-                }
-                Action::RecvActivation { micro, chunk, .. } => {
-                    recv_activation[slot(micro, chunk)] = true;
-                }
-                Action::RecvGradient { micro, chunk, .. } => {
-                    recv_gradient[slot(micro, chunk)] = true;
-                }
-                Action::ReduceGradients => {
-                    if let Some(first) = reduce {
-                        return fail(format!("runs twice (first at action {first})"));
-                    }
-                    if let Some(done) = step {
-                        return fail(format!("runs after the optimizer step (action {done})"));
-                    }
-                    reduce = Some(index);
-                }
-                Action::OptimizerStep => {
-                    if let Some(first) = step {
-                        return fail(format!("runs twice (first at action {first})"));
-                    }
-                    if reduce.is_none() {
-                        return fail(
-                            "runs before reduce gradients: it would apply unreduced gradients"
-                                .to_string(),
-                        );
-                    }
-                    step = Some(index);
-                }
-            }
+            order
+                .record(index, action)
+                .map_err(|problem| invalid(stage, index, *action, problem))?;
         }
-        let missing = |action| Err(ScheduleError::MissingAction { stage, action });
-        for chunk in 0..chunks {
-            for micro in 0..micro_batches {
-                if forward[slot(micro, chunk)].is_none() {
-                    return missing(Action::Forward { micro, chunk });
-                }
-                if backward[slot(micro, chunk)].is_none() {
-                    return missing(Action::Backward { micro, chunk });
-                }
-            }
+        match order.missing() {
+            Some(action) => Err(ScheduleError::MissingAction { stage, action }),
+            None => Ok(()),
         }
-        if reduce.is_none() {
-            return missing(Action::ReduceGradients);
-        }
-        if step.is_none() {
-            return missing(Action::OptimizerStep);
-        }
-        Ok(())
     }
 }
 
+/// What one stage's list has run so far, action by action: where each (chunk, micro-batch)
+/// was forwarded and backwarded, which inputs arrived, and where the step's end ran.
+struct StageOrder<'a> {
+    schedule: &'a Schedule,
+    stage: usize,
+    /// Per (chunk, micro-batch) slot, the action that forwarded it.
+    forward: Vec<Option<usize>>,
+    /// Per slot, the action that backwarded it.
+    backward: Vec<Option<usize>>,
+    /// Per slot, whether its input activation was received.
+    recv_activation: Vec<bool>,
+    /// Per slot, whether its output gradient was received.
+    recv_gradient: Vec<bool>,
+    /// The action that reduced the gradients.
+    reduce: Option<usize>,
+    /// The action that stepped the optimizer.
+    step: Option<usize>,
+    /// One stage holds every chunk: its hand-overs between chunks replace the messages.
+    shared: bool,
+    /// The last virtual stage.
+    last: usize,
+}
+
+impl<'a> StageOrder<'a> {
+    /// Nothing run yet on `stage`.
+    fn new(schedule: &'a Schedule, stage: usize) -> Self {
+        let cells = schedule.chunks() * schedule.micro_batches();
+        Self {
+            schedule,
+            stage,
+            forward: vec![None; cells],
+            backward: vec![None; cells],
+            recv_activation: vec![false; cells],
+            recv_gradient: vec![false; cells],
+            reduce: None,
+            step: None,
+            shared: schedule.stages() == 1,
+            last: schedule.virtual_stages() - 1,
+        }
+    }
+
+    /// Where micro-batch `micro` of chunk `chunk` sits in the per-slot lists.
+    fn slot(&self, micro: usize, chunk: usize) -> usize {
+        chunk * self.schedule.micro_batches() + micro
+    }
+
+    /// Records action `index`, or says why it is out of order.
+    fn record(&mut self, index: usize, action: &Action) -> Result<(), String> {
+        if let (true, Some(done)) = (action.is_compute(), self.reduce) {
+            return Err(format!(
+                "runs after reduce gradients (action {done}): all compute must finish \
+                 before the gradients are reduced"
+            ));
+        }
+        match *action {
+            Action::Forward { micro, chunk } => self.forward(index, micro, chunk),
+            Action::Backward { micro, chunk } => self.backward(index, micro, chunk),
+            Action::SendActivation { micro, chunk, .. } => {
+                if self.forward[self.slot(micro, chunk)].is_none() {
+                    return Err("comes before the forward that produces it".to_string());
+                }
+                Ok(())
+            }
+            Action::SendGradient { micro, chunk, .. } => {
+                if self.backward[self.slot(micro, chunk)].is_none() {
+                    return Err("comes before the backward that produces it".to_string());
+                }
+                Ok(())
+            }
+            Action::RecvActivation { micro, chunk, .. } => {
+                let slot = self.slot(micro, chunk);
+                self.recv_activation[slot] = true;
+                Ok(())
+            }
+            Action::RecvGradient { micro, chunk, .. } => {
+                let slot = self.slot(micro, chunk);
+                self.recv_gradient[slot] = true;
+                Ok(())
+            }
+            Action::ReduceGradients => self.reduce(index),
+            Action::OptimizerStep => self.optimizer_step(index),
+        }
+    }
+
+    /// Records forward `index` of micro-batch `micro` on chunk `chunk`, once its input is here.
+    fn forward(&mut self, index: usize, micro: usize, chunk: usize) -> Result<(), String> {
+        let here = self.schedule.virtual_stage(self.stage, chunk);
+        let slot = self.slot(micro, chunk);
+        if let Some(first) = self.forward[slot] {
+            return Err(format!("forwarded twice (first at action {first})"));
+        }
+        if here > 0 && self.shared && self.forward[self.slot(micro, chunk - 1)].is_none() {
+            return Err(format!(
+                "its input comes from forward of micro-batch {micro} on chunk {}, \
+                 which has not run yet on this stage",
+                chunk - 1
+            ));
+        }
+        if here > 0 && !self.shared && !self.recv_activation[slot] {
+            let (from, _) = self.schedule.placement(here - 1);
+            return Err(format!(
+                "its input activation has not been received: no recv activation \
+                 of micro-batch {micro} from stage {from} comes before it"
+            ));
+        }
+        self.forward[slot] = Some(index);
+        Ok(())
+    }
+
+    /// Records backward `index` of micro-batch `micro` on chunk `chunk`, once its forward ran
+    /// and its output gradient is here.
+    fn backward(&mut self, index: usize, micro: usize, chunk: usize) -> Result<(), String> {
+        let here = self.schedule.virtual_stage(self.stage, chunk);
+        let slot = self.slot(micro, chunk);
+        if let Some(first) = self.backward[slot] {
+            return Err(format!("backwarded twice (first at action {first})"));
+        }
+        if self.forward[slot].is_none() {
+            return Err(format!(
+                "runs before the forward of micro-batch {micro} on this stage"
+            ));
+        }
+        if here < self.last && self.shared && self.backward[self.slot(micro, chunk + 1)].is_none() {
+            return Err(format!(
+                "its output gradient comes from backward of micro-batch {micro} \
+                 on chunk {}, which has not run yet on this stage",
+                chunk + 1
+            ));
+        }
+        if here < self.last && !self.shared && !self.recv_gradient[slot] {
+            let (from, _) = self.schedule.placement(here + 1);
+            return Err(format!(
+                "its output gradient has not been received: no recv gradient of \
+                 micro-batch {micro} from stage {from} comes before it"
+            ));
+        }
+        self.backward[slot] = Some(index);
+        Ok(())
+    }
+
+    /// Records the gradients' reduction at action `index`, once and before the optimizer step.
+    fn reduce(&mut self, index: usize) -> Result<(), String> {
+        if let Some(first) = self.reduce {
+            return Err(format!("runs twice (first at action {first})"));
+        }
+        if let Some(done) = self.step {
+            return Err(format!("runs after the optimizer step (action {done})"));
+        }
+        self.reduce = Some(index);
+        Ok(())
+    }
+
+    /// Records the optimizer step at action `index`, once and after the reduction.
+    fn optimizer_step(&mut self, index: usize) -> Result<(), String> {
+        if let Some(first) = self.step {
+            return Err(format!("runs twice (first at action {first})"));
+        }
+        if self.reduce.is_none() {
+            return Err(
+                "runs before reduce gradients: it would apply unreduced gradients".to_string(),
+            );
+        }
+        self.step = Some(index);
+        Ok(())
+    }
+
+    /// The first action the list lacks, once all of it is recorded.
+    fn missing(&self) -> Option<Action> {
+        for chunk in 0..self.schedule.chunks() {
+            for micro in 0..self.schedule.micro_batches() {
+                if self.forward[self.slot(micro, chunk)].is_none() {
+                    return Some(Action::Forward { micro, chunk });
+                }
+                if self.backward[self.slot(micro, chunk)].is_none() {
+                    return Some(Action::Backward { micro, chunk });
+                }
+            }
+        }
+        if self.reduce.is_none() {
+            return Some(Action::ReduceGradients);
+        }
+        if self.step.is_none() {
+            return Some(Action::OptimizerStep);
+        }
+        None
+    }
+}
+
+/// The error of action `index` of `stage`'s list, for `problem`.
 fn invalid(stage: usize, index: usize, action: Action, problem: String) -> ScheduleError {
     ScheduleError::InvalidAction {
         stage,
