@@ -4,7 +4,7 @@
 use burn::tensor::Device;
 use kiln::data::DataLoader;
 use kiln::pipeline::schedule::{Costs, Schedule, bubble_formula, simulate};
-use kiln::pipeline::{Pipeline, PipelineConfig};
+use kiln::pipeline::{Pipeline, PipelineConfig, PipelineReport};
 use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
 
@@ -73,17 +73,7 @@ fn run(
     // `--devices` entry; rank 0 speaks.
     let world = across_processes(args)?;
     let primary = world.as_ref().is_none_or(|w| w.rank() == 0);
-    let devices = match &world {
-        Some(_) if devices.len() == 1 => vec![devices[0].clone(); groups * stages],
-        Some(_) => {
-            return Err(format!(
-                "--comm mpi --pipeline {stages} --data-parallel {groups}: each process runs one stage on its one --devices entry, got {}",
-                devices.len()
-            )
-            .into());
-        }
-        None => devices,
-    };
+    let devices = stage_devices(devices, world.is_some(), stages, groups)?;
     macro_rules! say {
         ($($arg:tt)*) => {
             if primary {
@@ -92,14 +82,6 @@ fn run(
         };
     }
     let (micro_batches, batch_size) = (shape.micro_batches, shape.batch_size);
-    if devices.len() != groups * stages {
-        return Err(format!(
-            "--pipeline {stages} --data-parallel {groups} needs {} --devices entries (one per stage of each pipeline), got {}",
-            groups * stages,
-            devices.len()
-        )
-        .into());
-    }
     let kind = shape.schedule;
     let plan = Schedule::new(kind, stages, micro_batches * args.accumulation)?;
     if args.show_schedule {
@@ -109,25 +91,7 @@ fn run(
             plan.chart(&simulate(&plan, &Costs::uniform(1.0, 2.0))?)
         );
     }
-    let config = PipelineConfig {
-        schedule: kind,
-        micro_batches,
-        threads_per_stage: args.threads,
-        data_parallel: groups,
-        max_grad_norm: args.clip_grad_norm,
-        split: shape.split.clone(),
-        precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
-        accumulation: args.accumulation,
-        check_every: args.check_every,
-        gradient_checkpointing: shape.gradient_checkpointing,
-        // `--inject-fault panic-at-step:N`: the last stage panics at step N (in the first
-        // attempt only: a restarted run does not fail again).
-        panic_at_step: args
-            .inject_fault
-            .filter(|_| crate::faults::arm())
-            .map(|fault| fault.step),
-        ..PipelineConfig::default()
-    };
+    let config = pipeline_config(args, &shape);
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
         .batch_size(batch_size)
         .num_workers(args.workers)
@@ -206,15 +170,83 @@ fn run(
         pipeline = pipeline_across(pipeline, world);
     }
     let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
+    if primary {
+        print_report(args, &shape, &report)?;
+    }
+    Ok(())
+}
+
+/// Each stage's device, pipeline by pipeline: the `--devices` entries, or under MPI
+/// (`across` processes) this process's one entry for its one stage.
+fn stage_devices(
+    devices: Vec<Device>,
+    across: bool,
+    stages: usize,
+    groups: usize,
+) -> Result<Vec<Device>, Box<dyn std::error::Error>> {
+    let devices = match across {
+        true if devices.len() == 1 => vec![devices[0].clone(); groups * stages],
+        true => {
+            return Err(format!(
+                "--comm mpi --pipeline {stages} --data-parallel {groups}: each process runs one stage on its one --devices entry, got {}",
+                devices.len()
+            )
+            .into());
+        }
+        false => devices,
+    };
+    if devices.len() != groups * stages {
+        return Err(format!(
+            "--pipeline {stages} --data-parallel {groups} needs {} --devices entries (one per stage of each pipeline), got {}",
+            groups * stages,
+            devices.len()
+        )
+        .into());
+    }
+    Ok(devices)
+}
+
+/// The pipeline's configuration from the options and the run's shape.
+fn pipeline_config(args: &Args, shape: &PipelineRun) -> PipelineConfig {
+    PipelineConfig {
+        schedule: shape.schedule,
+        micro_batches: shape.micro_batches,
+        threads_per_stage: args.threads,
+        data_parallel: shape.data_parallel,
+        max_grad_norm: args.clip_grad_norm,
+        split: shape.split.clone(),
+        precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
+        accumulation: args.accumulation,
+        check_every: args.check_every,
+        gradient_checkpointing: shape.gradient_checkpointing,
+        // `--inject-fault panic-at-step:N`: the last stage panics at step N (in the first
+        // attempt only: a restarted run does not fail again).
+        panic_at_step: args
+            .inject_fault
+            .filter(|_| crate::faults::arm())
+            .map(|fault| fault.step),
+        ..PipelineConfig::default()
+    }
+}
+
+/// The run's summary: losses, step time against the plan's, each stage, the bubble, the
+/// trained parameters' fingerprint, AMP's scaler and a SIGTERM stop.
+fn print_report(
+    args: &Args,
+    shape: &PipelineRun,
+    report: &PipelineReport,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (stages, groups) = (shape.stages, shape.data_parallel);
+    let (micro_batches, batch_size, kind) = (shape.micro_batches, shape.batch_size, shape.schedule);
     let first = report.losses.first().copied().unwrap_or(f32::NAN);
     let last = report.losses.last().copied().unwrap_or(f32::NAN);
-    say!(
+    println!(
         "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} img/s",
         report.step_time.as_secs_f64() * 1e3,
         (groups * batch_size) as f64 / report.step_time.as_secs_f64().max(1e-9)
     );
     if let Some(predicted) = shape.predicted_step {
-        say!(
+        println!(
             "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
             predicted * 1e3,
             report.step_time.as_secs_f64() * 1e3,
@@ -222,7 +254,7 @@ fn run(
         );
     }
     for (index, stage) in report.stages.iter().enumerate() {
-        say!(
+        println!(
             "stage {index}: segments {:?} | parameters {:.2} MB | peak {} micro-batch activations | busy {:.0}%",
             stage.segments,
             stage.param_bytes as f64 / 1e6,
@@ -230,7 +262,7 @@ fn run(
             100.0 * stage.busy_fraction
         );
     }
-    say!(
+    println!(
         "bubble: measured {:.1}% | formula {:.1}% (equal stages)",
         100.0 * report.bubble_fraction(),
         100.0 * bubble_formula(kind, stages, micro_batches)?
@@ -243,12 +275,12 @@ fn run(
         .into_iter()
         .flat_map(|path| report.params[path].iter().copied())
         .collect();
-    say!(
+    println!(
         "trained parameters fingerprint: {:016x}",
         kiln::core::fingerprint_values(&values)
     );
     if args.amp.precision() != kiln::amp::Precision::F32 {
-        say!(
+        println!(
             "AMP {}: loss scale {}, {} of {} steps skipped",
             args.amp.precision(),
             report.amp.scale,
@@ -257,7 +289,7 @@ fn run(
         );
     }
     if let Some(stopped) = report.stopped_at {
-        say!(
+        println!(
             "stopped at step {} by SIGTERM; continue with --resume latest",
             stopped.step
         );

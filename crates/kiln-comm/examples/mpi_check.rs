@@ -25,104 +25,139 @@ use check_inputs::{input, reference};
 
 const LENGTHS: [usize; 6] = [0, 1, 2, 7, 1009, 100_003];
 
-fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let mut checks = 0;
-    let mut expect = |ok: bool, what: String| {
+/// Counts the checks passed; the first failure is the error.
+#[derive(Default)]
+struct Checks {
+    count: usize,
+}
+
+impl Checks {
+    fn expect(&mut self, ok: bool, what: String) -> Result<(), String> {
         if ok {
-            checks += 1;
+            self.count += 1;
             Ok(())
         } else {
             Err(what)
         }
-    };
+    }
+}
+
+/// Every collective of `comm` on each of [`LENGTHS`], then rank-order sums (MPI), half
+/// precision and, with `point_to_point`, messages around a ring.
+fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
+    let mut checks = Checks::default();
     for &len in &LENGTHS {
-        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
-            let mut data = input(rank, len);
-            comm.all_reduce(&mut data, op).map_err(|e| e.to_string())?;
-            // MPI may sum in any order: compare with a tolerance of a few ulps.
-            let want = reference(world, len, op);
-            let close = data
+        check_collectives(comm, len, &mut checks)?;
+    }
+    if matches!(comm, Communicator::Mpi(_)) {
+        check_rank_order(comm, &mut checks)?;
+    }
+    check_half_precision(comm, &mut checks)?;
+    if point_to_point && comm.world_size() > 1 {
+        check_ring(comm, &mut checks)?;
+    }
+    comm.barrier().map_err(|e| e.to_string())?;
+    Ok(checks.count)
+}
+
+/// All-reduce (each op), the buffered all-reduce, broadcast, all-gather and reduce-scatter
+/// of `len` values against the serial reference.
+fn check_collectives(comm: &Communicator, len: usize, checks: &mut Checks) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
+        let mut data = input(rank, len);
+        comm.all_reduce(&mut data, op).map_err(|e| e.to_string())?;
+        // MPI may sum in any order: compare with a tolerance of a few ulps.
+        let want = reference(world, len, op);
+        let close = data
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+        checks.expect(close, format!("all_reduce {op:?} len {len}"))?;
+    }
+    let mut buffer = ReduceBuffer::new(len, world);
+    buffer.copy_from(&input(rank, len));
+    comm.all_reduce_buffer(&mut buffer, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let mut out = vec![0.0; len];
+    buffer.copy_to(&mut out);
+    let want = reference(world, len, ReduceOp::Sum);
+    checks.expect(
+        out.iter()
+            .zip(&want)
+            .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)),
+        format!("all_reduce_buffer len {len}"),
+    )?;
+
+    let root = len % world;
+    let mut data = if rank == root {
+        input(root, len)
+    } else {
+        vec![0.0; len]
+    };
+    comm.broadcast(&mut data, root).map_err(|e| e.to_string())?;
+    checks.expect(data == input(root, len), format!("broadcast len {len}"))?;
+
+    let mut gathered = vec![0.0; len * world];
+    comm.all_gather(&input(rank, len), &mut gathered)
+        .map_err(|e| e.to_string())?;
+    checks.expect(
+        gathered == (0..world).flat_map(|r| input(r, len)).collect::<Vec<_>>(),
+        format!("all_gather len {len}"),
+    )?;
+
+    let mut part = vec![0.0; len];
+    comm.reduce_scatter(&input(rank, len * world), &mut part, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let full = reference(world, len * world, ReduceOp::Sum);
+    let want = &full[rank * len..(rank + 1) * len];
+    checks.expect(
+        part.iter()
+            .zip(want)
+            .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)),
+        format!("reduce_scatter len {len}"),
+    )?;
+    Ok(())
+}
+
+/// In rank order: the in-process backend's bits exactly, with values whose sum depends on
+/// the order (thirds, unlike the inputs above).
+fn check_rank_order(comm: &Communicator, checks: &mut Checks) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let thirds = |r: usize, len: usize| -> Vec<f32> {
+        input(r, len).iter().map(|v| v / 3.0 + 0.1).collect()
+    };
+    for len in [0, 1, 5, 1009] {
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+            let mut data = thirds(rank, len);
+            comm.all_reduce_in_rank_order(&mut data, op)
+                .map_err(|e| e.to_string())?;
+            let mut want = thirds(0, len);
+            for r in 1..world {
+                for (a, v) in want.iter_mut().zip(thirds(r, len)) {
+                    *a = if op == ReduceOp::Max {
+                        a.max(v)
+                    } else {
+                        *a + v
+                    };
+                }
+            }
+            if op == ReduceOp::Mean {
+                want.iter_mut().for_each(|a| *a /= world as f32);
+            }
+            let same = data
                 .iter()
                 .zip(&want)
-                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
-            expect(close, format!("all_reduce {op:?} len {len}"))?;
-        }
-        let mut buffer = ReduceBuffer::new(len, world);
-        buffer.copy_from(&input(rank, len));
-        comm.all_reduce_buffer(&mut buffer, ReduceOp::Sum)
-            .map_err(|e| e.to_string())?;
-        let mut out = vec![0.0; len];
-        buffer.copy_to(&mut out);
-        let want = reference(world, len, ReduceOp::Sum);
-        expect(
-            out.iter()
-                .zip(&want)
-                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)),
-            format!("all_reduce_buffer len {len}"),
-        )?;
-
-        let root = len % world;
-        let mut data = if rank == root {
-            input(root, len)
-        } else {
-            vec![0.0; len]
-        };
-        comm.broadcast(&mut data, root).map_err(|e| e.to_string())?;
-        expect(data == input(root, len), format!("broadcast len {len}"))?;
-
-        let mut gathered = vec![0.0; len * world];
-        comm.all_gather(&input(rank, len), &mut gathered)
-            .map_err(|e| e.to_string())?;
-        expect(
-            gathered == (0..world).flat_map(|r| input(r, len)).collect::<Vec<_>>(),
-            format!("all_gather len {len}"),
-        )?;
-
-        let mut part = vec![0.0; len];
-        comm.reduce_scatter(&input(rank, len * world), &mut part, ReduceOp::Sum)
-            .map_err(|e| e.to_string())?;
-        let full = reference(world, len * world, ReduceOp::Sum);
-        let want = &full[rank * len..(rank + 1) * len];
-        expect(
-            part.iter()
-                .zip(want)
-                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0)),
-            format!("reduce_scatter len {len}"),
-        )?;
-    }
-    // In rank order: the in-process backend's bits exactly, with values whose sum depends on
-    // the order (thirds, unlike the inputs above).
-    if matches!(comm, Communicator::Mpi(_)) {
-        let thirds = |r: usize, len: usize| -> Vec<f32> {
-            input(r, len).iter().map(|v| v / 3.0 + 0.1).collect()
-        };
-        for len in [0, 1, 5, 1009] {
-            for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
-                let mut data = thirds(rank, len);
-                comm.all_reduce_in_rank_order(&mut data, op)
-                    .map_err(|e| e.to_string())?;
-                let mut want = thirds(0, len);
-                for r in 1..world {
-                    for (a, v) in want.iter_mut().zip(thirds(r, len)) {
-                        *a = if op == ReduceOp::Max {
-                            a.max(v)
-                        } else {
-                            *a + v
-                        };
-                    }
-                }
-                if op == ReduceOp::Mean {
-                    want.iter_mut().for_each(|a| *a /= world as f32);
-                }
-                let same = data
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                expect(same, format!("all_reduce_in_rank_order {op:?} len {len}"))?;
-            }
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            checks.expect(same, format!("all_reduce_in_rank_order {op:?} len {len}"))?;
         }
     }
+    Ok(())
+}
+
+/// f16 and bf16 all-reduces, within their precision of the f32 reference.
+fn check_half_precision(comm: &Communicator, checks: &mut Checks) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
     let source: Vec<f32> = input(rank, 1009);
     let mut h: Vec<f16> = source.iter().map(|&v| f16::from_f32(v)).collect();
     let mut b: Vec<bf16> = source.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -131,46 +166,47 @@ fn check(comm: &Communicator, point_to_point: bool) -> Result<usize, String> {
     comm.all_reduce(&mut b, ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     let want = reference(world, 1009, ReduceOp::Sum);
-    expect(
+    checks.expect(
         h.iter()
             .zip(&want)
             .all(|(g, w)| (g.to_f32() - w).abs() <= w.abs() * 4.9e-4 + 1e-6),
         "f16 all_reduce".into(),
     )?;
-    expect(
+    checks.expect(
         b.iter()
             .zip(&want)
             .all(|(g, w)| (g.to_f32() - w).abs() <= w.abs() * 3.9e-3 + 1e-6),
         "bf16 all_reduce".into(),
     )?;
+    Ok(())
+}
 
-    // Point to point around a ring: a small message (sent eagerly by MPI), then a large one
-    // (MPI waits for the receiver), with even ranks sending first and odd ranks receiving
-    // first so that the ring cannot deadlock. Under the hybrid backend the ring crosses
-    // processes between the last local replica of one process and the first of the next.
-    if point_to_point && world > 1 {
-        let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
-        comm.send(&input(rank, 13), next)
+/// Point to point around a ring: a small message (sent eagerly by MPI), then a large one
+/// (MPI waits for the receiver), with even ranks sending first and odd ranks receiving
+/// first so that the ring cannot deadlock. Under the hybrid backend the ring crosses
+/// processes between the last local replica of one process and the first of the next.
+fn check_ring(comm: &Communicator, checks: &mut Checks) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
+    comm.send(&input(rank, 13), next)
+        .map_err(|e| e.to_string())?;
+    let mut got = vec![0.0f32; 13];
+    comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
+    checks.expect(got == input(previous, 13), "send/recv ring".into())?;
+    let large = 100_003;
+    let mut got = vec![0.0f32; large];
+    if rank % 2 == 0 {
+        comm.send(&input(rank, large), next)
             .map_err(|e| e.to_string())?;
-        let mut got = vec![0.0f32; 13];
         comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
-        expect(got == input(previous, 13), "send/recv ring".into())?;
-        let large = 100_003;
-        let mut got = vec![0.0f32; large];
-        if rank % 2 == 0 {
-            comm.send(&input(rank, large), next)
-                .map_err(|e| e.to_string())?;
-            comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
-        } else {
-            comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
-            comm.send(&input(rank, large), next)
-                .map_err(|e| e.to_string())?;
-        }
-        expect(got == input(previous, large), "large send/recv ring".into())?;
-        checks += 2;
+    } else {
+        comm.recv(&mut got, previous).map_err(|e| e.to_string())?;
+        comm.send(&input(rank, large), next)
+            .map_err(|e| e.to_string())?;
     }
-    comm.barrier().map_err(|e| e.to_string())?;
-    Ok(checks)
+    checks.expect(got == input(previous, large), "large send/recv ring".into())?;
+    checks.count += 2;
+    Ok(())
 }
 
 /// Splits `world` into columns and rows and checks each sub-group: its size and rank, every

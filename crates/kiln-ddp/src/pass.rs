@@ -355,22 +355,13 @@ where
     let no_gradient = "a segment's output does not depend on its input";
     let tied = model.tied_segments();
     for (group, segment) in backward_order(model).into_iter().enumerate() {
-        // The boundary feeding this segment, and the one its output crosses.
-        let (input, output) = match segment {
-            SegmentId::Output => (Some(middle), None),
-            SegmentId::Middle(k) => (Some(k), Some(k + 1)),
-            SegmentId::Input => (None, Some(0)),
-        };
+        let (input, output) = segment_boundaries(segment, middle);
         let start = input.map_or(0, |b| boundaries[b].2);
         let end = output.map_or(tape.len(), |b| boundaries[b].2);
         // Every piece of this segment reaches only its parameters, and those it reads from
         // segments that own them (a tied head reads the input segment's embedding: its
         // share of that gradient is added now, the owner's when the owner's turn comes).
-        let owners: Vec<SegmentId> = tied
-            .iter()
-            .filter(|(_, reader)| *reader == segment)
-            .map(|(owner, _)| *owner)
-            .collect();
+        let owners = owners_read_by(&tied, segment);
         let visit = |model: &M, collector: &mut Collector<'_>| {
             model.visit_segment(segment, collector);
             for owner in &owners {
@@ -396,22 +387,7 @@ where
         }
         sink.collect(&mut grads, &visit);
         drop(grads);
-        let replay = || match segment {
-            SegmentId::Input => {
-                model.forward_input(model_input.clone());
-                None
-            }
-            SegmentId::Middle(k) => {
-                let fresh = boundaries[k].1.clone().detach_boundary();
-                model.forward_middle(k, fresh.clone());
-                Some(fresh)
-            }
-            SegmentId::Output => {
-                let fresh = boundaries[middle].1.clone().detach_boundary();
-                model.forward_output(fresh.clone());
-                Some(fresh)
-            }
-        };
+        let replay = || replay_segment(model, segment, &boundaries, &model_input);
         let pieces = Pieces {
             visit: &visit,
             input: input.map(|b| &boundaries[b].1),
@@ -433,4 +409,52 @@ where
         group_sink.group_done(group, sink.store);
     }
     (loss_value, correct)
+}
+
+/// The boundary feeding `segment` and the one its output crosses (boundary k feeds middle
+/// segment k, boundary `middle` the output segment).
+fn segment_boundaries(segment: SegmentId, middle: usize) -> (Option<usize>, Option<usize>) {
+    match segment {
+        SegmentId::Output => (Some(middle), None),
+        SegmentId::Middle(k) => (Some(k), Some(k + 1)),
+        SegmentId::Input => (None, Some(0)),
+    }
+}
+
+/// The segments owning parameters that `reader` reads too (tied weights).
+fn owners_read_by(tied: &[(SegmentId, SegmentId)], reader: SegmentId) -> Vec<SegmentId> {
+    tied.iter()
+        .filter(|(_, segment)| *segment == reader)
+        .map(|(owner, _)| *owner)
+        .collect()
+}
+
+/// `segment`'s forward again, from a fresh cut of its recorded input boundary (the last
+/// boundary feeds the output segment): the graph a piece of its backward runs on. Returns
+/// the fresh input, whose gradient flows on to the segment before.
+fn replay_segment<M: Segmented>(
+    model: &M,
+    segment: SegmentId,
+    boundaries: &[(M::Hidden, M::Hidden, usize)],
+    model_input: &M::Input,
+) -> Option<M::Hidden>
+where
+    M::Input: Clone,
+{
+    match segment {
+        SegmentId::Input => {
+            model.forward_input(model_input.clone());
+            None
+        }
+        SegmentId::Middle(k) => {
+            let fresh = boundaries[k].1.clone().detach_boundary();
+            model.forward_middle(k, fresh.clone());
+            Some(fresh)
+        }
+        SegmentId::Output => {
+            let fresh = boundaries[boundaries.len() - 1].1.clone().detach_boundary();
+            model.forward_output(fresh.clone());
+            Some(fresh)
+        }
+    }
 }

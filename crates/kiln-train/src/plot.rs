@@ -80,20 +80,7 @@ pub fn line_chart(
             y
         );
     }
-    let mut ticks: Vec<f64> = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.0))
-        .collect();
-    ticks.sort_by(f64::total_cmp);
-    ticks.dedup();
-    if ticks.len() > LABELLED && !log_x {
-        // Dense data (a training run's steps): six evenly spaced, rounded labels.
-        ticks = (0..=5)
-            .map(|i| (x0 + (x1 - x0) * i as f64 / 5.0).round())
-            .collect();
-        ticks.dedup();
-    }
-    for x in ticks {
+    for x in x_ticks(series, log_x, (x0, x1)) {
         let _ = writeln!(
             svg,
             r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#,
@@ -150,6 +137,25 @@ pub fn line_chart(
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// The x values labelled: every distinct one, or for dense data on a linear axis (a
+/// training run's steps) six evenly spaced, rounded ones across `span`.
+fn x_ticks(series: &[Series], log_x: bool, span: (f64, f64)) -> Vec<f64> {
+    let mut ticks: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    if ticks.len() > LABELLED && !log_x {
+        let (x0, x1) = span;
+        ticks = (0..=5)
+            .map(|i| (x0 + (x1 - x0) * i as f64 / 5.0).round())
+            .collect();
+        ticks.dedup();
+    }
+    ticks
 }
 
 /// Several charts of [`line_chart`] stacked vertically in one SVG.

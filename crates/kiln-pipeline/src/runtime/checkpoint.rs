@@ -301,22 +301,17 @@ pub(crate) fn agree_start(
         checkpointer.remove_stale_parts();
     }
     let start = agree(world, start)?;
-    // The first and the last step any process starts at, under one maximum: the step in
-    // two 16-bit halves, each exact in f32.
-    let (high, low) = ((start.step >> 16) as f32, (start.step & 0xffff) as f32);
-    let mut steps = [high, low, -high, -low];
-    world
-        .all_reduce(&mut steps, kiln_comm::ReduceOp::Max)
-        .map_err(|err| PipelineError::PeerLost {
-            stage: world.rank(),
-            what: format!("the other processes' start ({err})"),
-        })?;
-    if steps[0] != -steps[2] || steps[1] != -steps[3] {
-        let step = |high: f32, low: f32| ((high as usize) << 16) + low as usize;
+    // The first and the last step any process starts at, exactly.
+    let (first, last) =
+        world
+            .value_range(start.step as u64)
+            .map_err(|err| PipelineError::PeerLost {
+                stage: world.rank(),
+                what: format!("the other processes' start ({err})"),
+            })?;
+    if first != last {
         return Err(PipelineError::Checkpoint(format!(
-            "the processes would start at different steps ({} to {}): every process must resume the same checkpoint",
-            step(-steps[2], -steps[3]),
-            step(steps[0], steps[1])
+            "the processes would start at different steps ({first} to {last}): every process must resume the same checkpoint"
         )));
     }
     Ok(start)
