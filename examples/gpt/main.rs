@@ -332,8 +332,7 @@ fn data_parallel(
                     Some(owned) => resume_owning(path, &data.identity, model, optimizer, owned),
                     None => resume(path, &data.identity, model, optimizer),
                 };
-                let r =
-                    resumed.map_err(|err| kiln::train::TrainError::Checkpoint(err.to_string()))?;
+                let r = resumed.map_err(kiln::train::TrainError::checkpoint)?;
                 (r.model, r.optimizer, r.position, r.step_state)
             }
         };

@@ -171,7 +171,7 @@ pub fn start(
         Some(owned) => resume_owning(path, identity, model, optimizer, owned),
         None => resume(path, identity, model, optimizer),
     }
-    .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
+    .map_err(TrainError::checkpoint)?;
     if primary {
         println!(
             "resume: {} (step {}, epoch {}, step {} of it)",

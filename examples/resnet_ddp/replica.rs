@@ -214,7 +214,7 @@ fn agree_on_start(replica: &Replica, step: usize) -> Result<(), TrainError> {
         .comm()
         .run(move |comm| comm.value_range(step as u64))?;
     if first != last {
-        return Err(TrainError::Checkpoint(format!(
+        return Err(TrainError::checkpoint(format!(
             "replicas would resume from different steps ({first} to {last}): every process must see the same --run-dir (a shared file system)"
         )));
     }

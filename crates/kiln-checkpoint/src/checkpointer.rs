@@ -252,8 +252,7 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
         if !self.writes && shard.is_none() {
             return Ok(());
         }
-        self.wait()
-            .map_err(|err| TrainError::Checkpoint(err.to_string()))?;
+        self.wait().map_err(TrainError::checkpoint)?;
         let store = self.store.clone();
         let step = position.step;
         let write: Box<dyn FnOnce() -> Result<PathBuf, CheckpointError> + Send> = match shard {
@@ -288,15 +287,13 @@ impl<M: Module + Send + 'static> CheckpointHook<M> for Checkpointer {
             std::thread::Builder::new()
                 .name("kiln-checkpoint-writer".into())
                 .spawn(write)
-                .map_err(|err| TrainError::Checkpoint(format!("starting the writer: {err}")))?,
+                .map_err(|err| TrainError::checkpoint(format!("starting the writer: {err}")))?,
         );
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), TrainError> {
-        self.wait()
-            .map(|_| ())
-            .map_err(|err| TrainError::Checkpoint(err.to_string()))
+        self.wait().map(|_| ()).map_err(TrainError::checkpoint)
     }
 }
 

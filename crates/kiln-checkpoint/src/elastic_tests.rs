@@ -94,7 +94,7 @@ fn run(layout: Layout, dir: &Path, start: Option<PathBuf>) -> Ended {
                         Some(owned) => resume_owning(path, &identity, fresh, sgd(), owned),
                         None => resume(path, &identity, fresh, sgd()),
                     }
-                    .map_err(|e| kiln_train::TrainError::Checkpoint(e.to_string()))?;
+                    .map_err(kiln_train::TrainError::checkpoint)?;
                     let optimizer = if layout.drop_optimizer_state {
                         sgd()
                     } else {

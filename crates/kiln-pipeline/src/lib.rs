@@ -33,7 +33,8 @@
 #![warn(missing_docs)]
 
 mod runtime;
-pub mod schedule;
+/// Pipeline schedules as data: the [`kiln_schedule`] crate, which needs no runtime.
+pub use kiln_schedule as schedule;
 
 pub use runtime::{Pipeline, PipelineConfig, PipelineError, PipelineReport, StageReport};
 

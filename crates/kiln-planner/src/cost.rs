@@ -1,7 +1,7 @@
 //! The cost model: predicted step time and peak memory per device of a data-parallel, a
 //! pipelined or a hybrid plan, from a model's profile.
 
-use kiln_pipeline::schedule::{Costs, Schedule, ScheduleKind, simulate};
+use kiln_schedule::{Costs, Schedule, ScheduleKind, simulate};
 
 use crate::PlanError;
 use crate::model_profile::{ModelProfile, SegmentAt};

@@ -243,7 +243,7 @@ impl Plan {
                 split,
                 stage_seconds,
             } => {
-                let kind: kiln_pipeline::schedule::ScheduleKind =
+                let kind: kiln_schedule::ScheduleKind =
                     schedule.parse().map_err(|err| format!("schedule: {err}"))?;
                 if *data_parallel == 0 || *stages == 0 || data_parallel * stages != n {
                     return Err(format!(

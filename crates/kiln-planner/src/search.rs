@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use kiln_pipeline::schedule::ScheduleKind;
+use kiln_schedule::ScheduleKind;
 
 use crate::PlanError;
 use crate::cost::{

@@ -1,6 +1,6 @@
 //! The cost model and the search on made-up profiles whose right answer is known.
 
-use kiln_pipeline::schedule::ScheduleKind;
+use kiln_schedule::ScheduleKind;
 
 use crate::{
     BatchProfile, Fixed, Interconnect, Layout, ModelProfile, Plan, PlanChoice, PlanDevice,

@@ -58,7 +58,7 @@ mod train_loop;
 mod trainer;
 
 pub use engine::{EngineStep, StepEngine};
-pub use error::TrainError;
+pub use error::{CheckpointCause, TrainError};
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
 pub use language_modeling::LanguageModeling;
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};

@@ -188,7 +188,7 @@ impl MeanGradient {
             .get("scaler")
             .map(|s| serde_json::from_value(s.clone()))
             .transpose()
-            .map_err(|err| TrainError::Checkpoint(format!("the step's state: {err}")))?
+            .map_err(|err| TrainError::checkpoint(format!("the step's state: {err}")))?
             .flatten();
         match (scaler, self.precision.scaler().is_some()) {
             (Some(scaler), true) => {
@@ -197,7 +197,7 @@ impl MeanGradient {
                 Ok(())
             }
             (None, false) => Ok(()),
-            (saved, _) => Err(TrainError::Checkpoint(format!(
+            (saved, _) => Err(TrainError::checkpoint(format!(
                 "the checkpoint {} a loss scaler, this run's precision ({}) {}",
                 if saved.is_some() { "has" } else { "has no" },
                 self.precision.precision(),

@@ -109,8 +109,8 @@ pub trait GradientStep<M: Module, B: Batch = ImageBatch> {
         if state.is_null() {
             Ok(())
         } else {
-            Err(TrainError::Checkpoint(
-                "the checkpoint holds gradient-step state this step does not keep".into(),
+            Err(TrainError::checkpoint(
+                "the checkpoint holds gradient-step state this step does not keep",
             ))
         }
     }

@@ -92,7 +92,7 @@ where
     }
     let start = options.start;
     if start.step_in_epoch >= per_epoch {
-        return Err(TrainError::Checkpoint(format!(
+        return Err(TrainError::checkpoint(format!(
             "resuming at step {} of epoch {}, which has only {per_epoch} steps (another batch size or data set?)",
             start.step_in_epoch, start.epoch
         ))

@@ -180,10 +180,9 @@ impl<'w> Writes<'w> {
                         return Err(err);
                     }
                 };
-                write(parts)
-                    .map_err(|err: CheckpointError| PipelineError::Checkpoint(err.to_string()))
+                write(parts).map_err(PipelineError::checkpoint)
             })
-            .map_err(|err| PipelineError::Checkpoint(format!("starting the writer: {err}")))?;
+            .map_err(|err| PipelineError::checkpoint(format!("starting the writer: {err}")))?;
         self.writing = Some(handle);
         Ok(())
     }
@@ -198,11 +197,9 @@ impl<'w> Writes<'w> {
         let Some(handle) = self.writing.take() else {
             return Ok(None);
         };
-        let written = handle.join().unwrap_or_else(|_| {
-            Err(PipelineError::Checkpoint(
-                "the checkpoint writer panicked".into(),
-            ))
-        });
+        let written = handle
+            .join()
+            .unwrap_or_else(|_| Err(PipelineError::checkpoint("the checkpoint writer panicked")));
         match &self.across {
             None => written.map(Some),
             Some((world, _)) => agree(world, written).map(Some),
@@ -226,7 +223,7 @@ pub(crate) fn collect(
         let (stage, at, part) = match waiting.next() {
             Some(message) => message,
             None => parts.recv_timeout(timeout).map_err(|_| {
-                PipelineError::Checkpoint(format!(
+                PipelineError::checkpoint(format!(
                     "step {step}: a stage's part did not arrive within {timeout:?}"
                 ))
             })?,
@@ -236,10 +233,10 @@ pub(crate) fn collect(
             continue;
         }
         let part = part.map_err(|err| {
-            PipelineError::Checkpoint(format!("step {step}: stage {stage}: {err}"))
+            PipelineError::checkpoint(format!("step {step}: stage {stage}: {err}"))
         })?;
         let slot = local.iter().position(|&s| s == stage).ok_or_else(|| {
-            PipelineError::Checkpoint(format!(
+            PipelineError::checkpoint(format!(
                 "step {step}: a part of stage {stage}, which runs elsewhere"
             ))
         })?;
@@ -274,7 +271,7 @@ pub(crate) fn agree<T>(
         })?;
     match outcome {
         Err(err) => Err(err),
-        Ok(_) if failed[0] > 0.0 => Err(PipelineError::Checkpoint(format!(
+        Ok(_) if failed[0] > 0.0 => Err(PipelineError::checkpoint(format!(
             "the checkpoint failed in process {} (its stage's error is reported there)",
             size - failed[0] as usize
         ))),
@@ -310,7 +307,7 @@ pub(crate) fn agree_start(
                 what: format!("the other processes' start ({err})"),
             })?;
     if first != last {
-        return Err(PipelineError::Checkpoint(format!(
+        return Err(PipelineError::checkpoint(format!(
             "the processes would start at different steps ({first} to {last}): every process must resume the same checkpoint"
         )));
     }

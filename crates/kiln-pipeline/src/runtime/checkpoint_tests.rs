@@ -170,7 +170,7 @@ fn on_ranks<T: Send>(size: usize, each: impl Fn(usize, &Communicator) -> T + Syn
 fn one_ranks_failure_is_every_ranks_and_ranks_start_at_the_same_step() {
     let outcomes = on_ranks(3, |rank, world| {
         let outcome = if rank == 1 {
-            Err(PipelineError::Checkpoint("rank 1's own reason".into()))
+            Err(PipelineError::checkpoint("rank 1's own reason"))
         } else {
             Ok(())
         };
@@ -193,7 +193,7 @@ fn one_ranks_failure_is_every_ranks_and_ranks_start_at_the_same_step() {
         let start = if rank == 0 {
             Ok(position(4))
         } else {
-            Err(PipelineError::Checkpoint("no manifest".into()))
+            Err(PipelineError::checkpoint("no manifest"))
         };
         agree_start(world, None, start)
     });

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kiln_train::TrainError;
+use kiln_train::{CheckpointCause, TrainError};
 
 use crate::schedule::ScheduleError;
 
@@ -58,9 +58,11 @@ pub enum PipelineError {
         /// Why it failed.
         why: String,
     },
-    /// A checkpoint could not be written, or the run could not resume from one.
+    /// A checkpoint could not be written, or the run could not resume from one: the
+    /// checkpoint store's own error where it has one (`downcast_ref` to kiln-checkpoint's
+    /// `CheckpointError`), else why.
     #[error("checkpoint: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[source] CheckpointCause),
     /// The data-parallel copies of a stage hold different parameters.
     #[error(
         "stage {stage}'s data-parallel copies diverged by step {step}: their parameters differ"
@@ -89,6 +91,13 @@ pub enum PipelineError {
         /// The loss.
         loss: f32,
     },
+}
+
+impl PipelineError {
+    /// A checkpoint failure from the checkpoint store's error or from a message.
+    pub fn checkpoint(cause: impl Into<CheckpointCause>) -> Self {
+        Self::Checkpoint(cause.into())
+    }
 }
 
 /// What the training loop finds (`kiln_train::train_loop`), as the pipeline's error.

@@ -177,11 +177,10 @@ impl<O: Objective> Pipeline<O> {
         let Some((path, identity)) = &self.resume else {
             return Ok(TrainPosition::default());
         };
-        let manifest =
-            Manifest::read(path).map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+        let manifest = Manifest::read(path).map_err(PipelineError::checkpoint)?;
         let differences = identity.differences(&manifest.run);
         if !differences.is_empty() {
-            return Err(PipelineError::Checkpoint(format!(
+            return Err(PipelineError::checkpoint(format!(
                 "the checkpoint {} does not match this run: {}",
                 path.display(),
                 differences.join("; ")

@@ -117,7 +117,7 @@ where
                         .map(|info| info.path)
                         .collect();
                     let resumed = resume_owning(path, identity, model, optimizer, &owned)
-                        .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+                        .map_err(PipelineError::checkpoint)?;
                     optimizer = resumed.optimizer;
                     step_state = resumed.step_state;
                     resumed.model
@@ -138,7 +138,7 @@ where
             }
             // The loss scaler continues where the checkpoint left it.
             rule.restore_state(&step_state)
-                .map_err(|err| PipelineError::Checkpoint(err.to_string()))?;
+                .map_err(PipelineError::checkpoint)?;
             let update = Update { optimizer, rule };
             // The peak of the steps, not of the build (which makes the whole model first).
             if let Some(account) = &account {
