@@ -28,6 +28,7 @@
 //! assert_eq!(plan.bottleneck(), 4.0);
 //! # Ok::<(), kiln_planner::PlanError>(())
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod cost;
