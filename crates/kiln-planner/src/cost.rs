@@ -1,6 +1,8 @@
 //! The cost model: predicted step time and peak memory per device of a data-parallel, a
 //! pipelined or a hybrid plan, from a model's profile.
 
+use std::ops::Range;
+
 use kiln_schedule::{Costs, Schedule, ScheduleKind, simulate};
 
 use crate::PlanError;
@@ -154,11 +156,66 @@ pub fn predict_pipeline(
     workload: &Workload,
     shape: PipelineShape,
 ) -> Result<Plan, PlanError> {
+    let batch = pipeline_batch(devices, workload, shape)?;
     let PipelineShape {
         data_parallel: d,
         stages: p,
         micro_batches: m,
         schedule: kind,
+    } = shape;
+    let schedule = Schedule::new(kind, p, m).map_err(|err| PlanError::Request(err.to_string()))?;
+    let segments = profile.at(batch.div_ceil(m));
+    let positions = StagePositions { devices, shape };
+    let split = if kind.chunks() == 1 {
+        balanced_split(&segments, &positions, net, workload)?
+    } else {
+        even_split(segments.len(), p * kind.chunks())?
+    };
+    let ranges = ranges(&split);
+    let (forward, backward, transfer) = stage_times(&segments, &ranges, &positions, net);
+    let stage_seconds = forward.iter().zip(&backward).map(|(f, b)| f + b).collect();
+    let costs = Costs::per_virtual_stage(forward, backward).with_transfer(transfer);
+    let timeline =
+        simulate(&schedule, &costs).map_err(|err| PlanError::Request(err.to_string()))?;
+    let (reduce, update) = reduce_and_update(profile, &segments, &ranges, &positions, net);
+    Ok(Plan {
+        model: profile.key.model.clone(),
+        devices: devices.iter().map(|d| d.name.clone()).collect(),
+        global_batch: workload.global_batch,
+        segment_names: profile.segment_names(),
+        layout: Layout::Pipeline {
+            data_parallel: d,
+            stages: p,
+            schedule: kind.to_string(),
+            micro_batches: m,
+            split,
+            stage_seconds,
+        },
+        predicted: Predicted {
+            step_seconds: timeline.step_time() + reduce + update,
+            device_bytes: pipeline_device_bytes(&segments, &ranges, &positions, workload),
+            exposed_communication_seconds: reduce,
+            bubble_fraction: timeline.bubble_fraction(),
+        },
+        gradient_checkpointing: profile.key.gradient_checkpointing,
+    })
+}
+
+/// The batch each pipeline trains, once `shape` is checked against the devices and the
+/// global batch: every device runs one stage, and every micro-batch gets a sample.
+///
+/// # Errors
+/// [`PlanError::Request`] naming what does not divide or is missing.
+fn pipeline_batch(
+    devices: &[PlanDevice],
+    workload: &Workload,
+    shape: PipelineShape,
+) -> Result<usize, PlanError> {
+    let PipelineShape {
+        data_parallel: d,
+        stages: p,
+        micro_batches: m,
+        ..
     } = shape;
     if d == 0 || p == 0 || d * p != devices.len() {
         return Err(PlanError::Request(format!(
@@ -179,64 +236,113 @@ pub fn predict_pipeline(
             "{m} micro-batches of a batch of {batch}: each needs at least one sample"
         )));
     }
-    let schedule = Schedule::new(kind, p, m).map_err(|err| PlanError::Request(err.to_string()))?;
-    let micro = batch.div_ceil(m);
-    let segments = profile.at(micro);
-    let n = segments.len();
-    // A stage position is as slow as its slowest copy and as small as its smallest.
-    let position = |i: usize| -> (f64, Option<u64>) {
-        let copies = (0..d).map(|g| &devices[g * p + i]);
-        let slowdown = copies.clone().map(|c| c.slowdown).fold(0.0, f64::max);
-        let memory = copies.filter_map(|c| c.memory).min();
-        (slowdown, memory)
-    };
-    let in_flight = |i: usize| -> u64 {
-        match kind {
+    Ok(batch)
+}
+
+/// The devices of a pipelined plan seen by stage position (device `g·P + i` runs stage `i`
+/// of pipeline `g`): every pipeline gets the same split, so each position is planned for
+/// all of its copies at once.
+struct StagePositions<'a> {
+    devices: &'a [PlanDevice],
+    shape: PipelineShape,
+}
+
+impl StagePositions<'_> {
+    /// The copies of stage position `i`, one per pipeline.
+    fn copies(&self, i: usize) -> impl Iterator<Item = &PlanDevice> {
+        let p = self.shape.stages;
+        (0..self.shape.data_parallel).map(move |g| &self.devices[g * p + i])
+    }
+
+    /// A stage position is as slow as its slowest copy.
+    fn slowdown(&self, i: usize) -> f64 {
+        self.copies(i).map(|c| c.slowdown).fold(0.0, f64::max)
+    }
+
+    /// A stage position is as small as its smallest copy.
+    fn memory(&self, i: usize) -> Option<u64> {
+        self.copies(i).filter_map(|c| c.memory).min()
+    }
+
+    /// Micro-batches whose activations stage `i` holds at once: under 1F1B at most `P − i`
+    /// (it runs a backward after that many forwards), under GPipe and the interleaved
+    /// schedule all `M` (they run every forward first).
+    fn in_flight(&self, i: usize) -> u64 {
+        let (m, p) = (self.shape.micro_batches, self.shape.stages);
+        match self.shape.schedule {
             ScheduleKind::OneFOneB => m.min(p - i) as u64,
             ScheduleKind::GPipe | ScheduleKind::Interleaved { .. } => m as u64,
         }
-    };
-    let chunks = kind.chunks();
-    let split: Vec<usize> = if chunks == 1 {
-        let costs: Vec<SegmentCost> = segments
-            .iter()
-            .map(|s| SegmentCost {
-                seconds: s.forward + s.backward,
-                state_bytes: state_bytes(s, workload),
-                activation_bytes: s.activation_bytes.unwrap_or(0),
-                output_bytes: s.output_bytes,
-            })
-            .collect();
-        let capacities: Vec<DeviceCapacity> = (0..p)
-            .map(|i| DeviceCapacity {
-                slowdown: position(i).0,
-                memory: position(i).1,
-                in_flight: in_flight(i),
-            })
-            .collect();
+    }
+}
+
+/// Segments per stage for a one-chunk schedule, balanced by [`balance_stages`] on each
+/// position's speed, memory and micro-batches in flight.
+///
+/// # Errors
+/// [`PlanError::DoesNotFit`]/[`PlanError::Shape`] from the stage search.
+fn balanced_split(
+    segments: &[SegmentAt],
+    positions: &StagePositions,
+    net: &Interconnect,
+    workload: &Workload,
+) -> Result<Vec<usize>, PlanError> {
+    let costs: Vec<SegmentCost> = segments
+        .iter()
+        .map(|s| SegmentCost {
+            seconds: s.forward + s.backward,
+            state_bytes: state_bytes(s, workload),
+            activation_bytes: s.activation_bytes.unwrap_or(0),
+            output_bytes: s.output_bytes,
+        })
+        .collect();
+    let capacities: Vec<DeviceCapacity> = (0..positions.shape.stages)
+        .map(|i| DeviceCapacity {
+            slowdown: positions.slowdown(i),
+            memory: positions.memory(i),
+            in_flight: positions.in_flight(i),
+        })
+        .collect();
+    Ok(
         balance_stages(&costs, &capacities, net.transfer_seconds_per_byte)?
             .stages
             .iter()
             .map(|r| r.len())
-            .collect()
-    } else {
-        let virtual_stages = p * chunks;
-        if virtual_stages > n {
-            return Err(PlanError::Shape {
-                devices: virtual_stages,
-                segments: n,
-            });
-        }
-        (0..virtual_stages)
-            .map(|v| n / virtual_stages + usize::from(v < n % virtual_stages))
-            .collect()
-    };
-    let ranges = ranges(&split);
-    let device_of = |v: usize| v % p;
+            .collect(),
+    )
+}
+
+/// Segments per virtual stage for an interleaved schedule: by segment count (the earlier
+/// stages take one more when they do not divide evenly), as [`balance_stages`] cuts one
+/// contiguous stage per device, not several chunks.
+///
+/// # Errors
+/// [`PlanError::Shape`] when there are fewer segments than virtual stages.
+fn even_split(segments: usize, virtual_stages: usize) -> Result<Vec<usize>, PlanError> {
+    if virtual_stages > segments {
+        return Err(PlanError::Shape {
+            devices: virtual_stages,
+            segments,
+        });
+    }
+    Ok((0..virtual_stages)
+        .map(|v| segments / virtual_stages + usize::from(v < segments % virtual_stages))
+        .collect())
+}
+
+/// Each virtual stage's forward and backward seconds on its device (virtual stage `v` runs
+/// on position `v mod P`), and the slowest hand-over between stages: what the schedule's
+/// simulation needs.
+fn stage_times(
+    segments: &[SegmentAt],
+    ranges: &[Range<usize>],
+    positions: &StagePositions,
+    net: &Interconnect,
+) -> (Vec<f64>, Vec<f64>, f64) {
     let (mut forward, mut backward) = (Vec::new(), Vec::new());
     let mut transfer: f64 = 0.0;
     for (v, range) in ranges.iter().enumerate() {
-        let slowdown = position(device_of(v)).0;
+        let slowdown = positions.slowdown(v % positions.shape.stages);
         let run = &segments[range.clone()];
         forward.push(run.iter().map(|s| s.forward).sum::<f64>() * slowdown);
         backward.push(run.iter().map(|s| s.backward).sum::<f64>() * slowdown);
@@ -245,52 +351,58 @@ pub fn predict_pipeline(
             transfer = transfer.max(bytes * net.transfer_seconds_per_byte);
         }
     }
-    let stage_seconds = forward.iter().zip(&backward).map(|(f, b)| f + b).collect();
-    let costs = Costs::per_virtual_stage(forward, backward).with_transfer(transfer);
-    let timeline =
-        simulate(&schedule, &costs).map_err(|err| PlanError::Request(err.to_string()))?;
-    // Each stage's copies add their gradients once its last backward is done, then update
-    // their parameters; the largest stage's reduction and update end the step (kiln's
-    // pipeline does not overlap them with other stages' backward yet).
+    (forward, backward, transfer)
+}
+
+/// Seconds the step takes after the schedule ends: the all-reduce and the update.
+///
+/// Each stage's copies add their gradients once its last backward is done, then update
+/// their parameters; the largest stage's reduction and update end the step (kiln's
+/// pipeline does not overlap them with other stages' backward yet).
+fn reduce_and_update(
+    profile: &ModelProfile,
+    segments: &[SegmentAt],
+    ranges: &[Range<usize>],
+    positions: &StagePositions,
+    net: &Interconnect,
+) -> (f64, f64) {
     let mut reduce: f64 = 0.0;
     let mut update: f64 = 0.0;
-    let mut device_bytes = vec![Some(0u64); p];
     for (v, range) in ranges.iter().enumerate() {
-        let run = &segments[range.clone()];
-        let trainable = run.iter().map(|s| s.trainable_bytes).sum();
-        reduce = reduce.max(net.all_reduce(d, trainable));
-        let device = device_of(v);
-        update =
-            update.max(trainable as f64 * profile.update_seconds_per_byte * position(device).0);
-        let held = run
+        let trainable: u64 = segments[range.clone()]
+            .iter()
+            .map(|s| s.trainable_bytes)
+            .sum();
+        reduce = reduce.max(net.all_reduce(positions.shape.data_parallel, trainable));
+        let slowdown = positions.slowdown(v % positions.shape.stages);
+        update = update.max(trainable as f64 * profile.update_seconds_per_byte * slowdown);
+    }
+    (reduce, update)
+}
+
+/// Predicted bytes on each device: its stages' state plus the activations of the
+/// micro-batches they hold at once (`None` where a segment's activations were not measured);
+/// every copy of a position holds the same.
+fn pipeline_device_bytes(
+    segments: &[SegmentAt],
+    ranges: &[Range<usize>],
+    positions: &StagePositions,
+    workload: &Workload,
+) -> Vec<Option<u64>> {
+    let p = positions.shape.stages;
+    let mut per_position = vec![Some(0u64); p];
+    for (v, range) in ranges.iter().enumerate() {
+        let position = v % p;
+        let held = segments[range.clone()]
             .iter()
             .map(|s| {
                 s.activation_bytes
-                    .map(|a| state_bytes(s, workload) + in_flight(device) * a)
+                    .map(|a| state_bytes(s, workload) + positions.in_flight(position) * a)
             })
             .sum::<Option<u64>>();
-        device_bytes[device] = device_bytes[device].zip(held).map(|(a, b)| a + b);
+        per_position[position] = per_position[position].zip(held).map(|(a, b)| a + b);
     }
-    let device_bytes = (0..d * p).map(|i| device_bytes[i % p]).collect();
-    Ok(Plan {
-        model: profile.key.model.clone(),
-        devices: devices.iter().map(|d| d.name.clone()).collect(),
-        global_batch: workload.global_batch,
-        segment_names: profile.segment_names(),
-        layout: Layout::Pipeline {
-            data_parallel: d,
-            stages: p,
-            schedule: kind.to_string(),
-            micro_batches: m,
-            split,
-            stage_seconds,
-        },
-        predicted: Predicted {
-            step_seconds: timeline.step_time() + reduce + update,
-            device_bytes,
-            exposed_communication_seconds: reduce,
-            bubble_fraction: timeline.bubble_fraction(),
-        },
-        gradient_checkpointing: profile.key.gradient_checkpointing,
-    })
+    (0..positions.shape.data_parallel * p)
+        .map(|i| per_position[i % p])
+        .collect()
 }

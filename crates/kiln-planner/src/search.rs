@@ -161,10 +161,39 @@ pub fn choose_plan(
     request: &PlanRequest,
     fixed: Fixed,
 ) -> Result<PlanChoice, PlanError> {
-    let n = devices.len();
-    if n == 0 {
+    if devices.is_empty() {
         return Err(PlanError::Request("no devices to plan for".into()));
     }
+    check_measured(profile, devices)?;
+    let shapes = shapes(profile, devices.len(), request)?;
+    let mut tally = Tally::default();
+    for (d, p) in shapes {
+        predict_shape(profile, devices, net, workload, fixed, (d, p), &mut tally);
+    }
+    if tally.plans.is_empty() {
+        let forced = !matches!(request, PlanRequest::Auto);
+        return Err(nothing_fits(
+            profile,
+            devices,
+            workload,
+            forced,
+            tally.last_error,
+        ));
+    }
+    let (chosen, runner_up) = pick(tally.plans);
+    Ok(PlanChoice {
+        chosen,
+        runner_up,
+        considered: tally.considered,
+    })
+}
+
+/// Memory limits can only be checked against measured activations: a profile without them
+/// would make every plan look as if it fit.
+///
+/// # Errors
+/// [`PlanError::Unmeasured`] when a device has a limit and a segment no activation size.
+fn check_measured(profile: &ModelProfile, devices: &[PlanDevice]) -> Result<(), PlanError> {
     let limited = devices.iter().any(|d| d.memory.is_some());
     let measured = profile
         .batches
@@ -173,6 +202,19 @@ pub fn choose_plan(
     if limited && !measured {
         return Err(PlanError::Unmeasured);
     }
+    Ok(())
+}
+
+/// The (pipelines, stages per pipeline) shapes `request` allows on `n` devices: for
+/// [`PlanRequest::Auto`] every factorisation with no more stages than segments.
+///
+/// # Errors
+/// [`PlanError::Request`] for a plan file, or a stage count that does not divide `n`.
+fn shapes(
+    profile: &ModelProfile,
+    n: usize,
+    request: &PlanRequest,
+) -> Result<Vec<(usize, usize)>, PlanError> {
     let shapes: Vec<(usize, usize)> = match request {
         PlanRequest::Auto => (1..=n)
             .filter(|&d| n.is_multiple_of(d))
@@ -199,114 +241,146 @@ pub fn choose_plan(
             "{p} stages per pipeline need a multiple of {p} devices, there are {n}"
         )));
     }
-    let forced = !matches!(request, PlanRequest::Auto);
-    let mut plans = Vec::new();
-    let mut considered = 0;
-    // The error to report if nothing fits, with how far its plan is from fitting (requests
-    // that cannot be planned first).
-    let mut last_error: Option<(f64, PlanError)> = None;
-    for (d, p) in shapes {
-        let attempts: Vec<Result<Plan, PlanError>> = if p == 1 && fixed.schedule.is_none() {
-            vec![predict_data_parallel(profile, devices, net, workload)]
-        } else {
-            let batch = workload.global_batch / d;
-            let counts = match fixed.micro_batches {
-                Some(m) => vec![m],
-                None => [p, 2 * p, 4 * p]
-                    .into_iter()
-                    .filter(|&m| m <= batch)
-                    .collect(),
-            };
-            if counts.is_empty() {
-                last_error = Some((
-                    f64::NEG_INFINITY,
-                    PlanError::Request(format!(
-                        "a batch of {batch} per pipeline cannot be cut into {p} or more micro-batches (one per stage at least)"
-                    )),
-                ));
-            }
-            let schedule = fixed.schedule.unwrap_or(ScheduleKind::OneFOneB);
-            counts
-                .into_iter()
-                .map(|m| {
-                    let shape = PipelineShape {
-                        data_parallel: d,
-                        stages: p,
-                        micro_batches: m,
-                        schedule,
-                    };
-                    predict_pipeline(profile, devices, net, workload, shape)
-                })
-                .collect()
+    Ok(shapes)
+}
+
+/// Predicts the plans of shape `(d, p)` into `tally`: one data-parallel plan when `p` is 1
+/// and no schedule is fixed, else a pipeline per micro-batch count compared (P, 2P and 4P
+/// that the batch allows, or the one `fixed` names).
+fn predict_shape(
+    profile: &ModelProfile,
+    devices: &[PlanDevice],
+    net: &Interconnect,
+    workload: &Workload,
+    fixed: Fixed,
+    (d, p): (usize, usize),
+    tally: &mut Tally,
+) {
+    if p == 1 && fixed.schedule.is_none() {
+        tally.record(
+            predict_data_parallel(profile, devices, net, workload),
+            devices,
+        );
+        return;
+    }
+    let batch = workload.global_batch / d;
+    let counts: Vec<usize> = match fixed.micro_batches {
+        Some(m) => vec![m],
+        None => [p, 2 * p, 4 * p]
+            .into_iter()
+            .filter(|&m| m <= batch)
+            .collect(),
+    };
+    if counts.is_empty() {
+        tally.unplannable(PlanError::Request(format!(
+            "a batch of {batch} per pipeline cannot be cut into {p} or more micro-batches (one per stage at least)"
+        )));
+    }
+    let schedule = fixed.schedule.unwrap_or(ScheduleKind::OneFOneB);
+    for m in counts {
+        let shape = PipelineShape {
+            data_parallel: d,
+            stages: p,
+            micro_batches: m,
+            schedule,
         };
-        for attempt in attempts {
-            considered += 1;
-            // Of the plans that do not fit, the one closest to fitting explains best.
-            let (ratio, err) = match attempt {
-                Ok(plan) => match overflow(&plan, devices) {
-                    None => {
-                        plans.push(plan);
-                        continue;
-                    }
-                    Some(details) => {
-                        let ratio = worst_ratio(
-                            plan.predicted.device_bytes.iter().copied(),
-                            devices.iter().map(|d| d.memory),
-                        );
-                        let summary = plan.summary();
-                        (
-                            ratio,
-                            PlanError::ForcedDoesNotFit {
-                                plan: summary,
-                                details,
-                            },
-                        )
-                    }
-                },
-                Err(err) => {
-                    let ratio = match &err {
-                        PlanError::NoSplitFits {
-                            stage_bytes,
-                            limits,
-                        } => worst_ratio(
-                            stage_bytes.iter().map(|&b| Some(b)),
-                            limits.iter().copied(),
-                        ),
-                        _ => f64::INFINITY,
-                    };
-                    (ratio, err)
+        let attempt = predict_pipeline(profile, devices, net, workload, shape);
+        tally.record(attempt, devices);
+    }
+}
+
+/// What the predictions came to: the plans that fit, how many were predicted, and the
+/// error to report if nothing fits, with how far its plan is from fitting (requests that
+/// cannot be planned first).
+#[derive(Default)]
+struct Tally {
+    plans: Vec<Plan>,
+    considered: usize,
+    last_error: Option<(f64, PlanError)>,
+}
+
+impl Tally {
+    /// Keeps a plan that fits; of the plans that do not, the one closest to fitting explains
+    /// best, so its error is kept.
+    fn record(&mut self, attempt: Result<Plan, PlanError>, devices: &[PlanDevice]) {
+        self.considered += 1;
+        let (ratio, err) = match attempt {
+            Ok(plan) => match overflow(&plan, devices) {
+                None => {
+                    self.plans.push(plan);
+                    return;
                 }
-            };
-            if last_error.as_ref().is_none_or(|(best, _)| ratio < *best) {
-                last_error = Some((ratio, err));
-            }
+                Some(details) => {
+                    let ratio = worst_ratio(
+                        plan.predicted.device_bytes.iter().copied(),
+                        devices.iter().map(|d| d.memory),
+                    );
+                    let summary = plan.summary();
+                    (
+                        ratio,
+                        PlanError::ForcedDoesNotFit {
+                            plan: summary,
+                            details,
+                        },
+                    )
+                }
+            },
+            Err(err) => (error_ratio(&err), err),
+        };
+        if self
+            .last_error
+            .as_ref()
+            .is_none_or(|(best, _)| ratio < *best)
+        {
+            self.last_error = Some((ratio, err));
         }
     }
-    if plans.is_empty() {
-        return Err(match (forced, last_error.map(|(_, err)| err)) {
-            (true, Some(err)) => err,
-            (_, Some(err @ PlanError::Request(_))) => err,
-            // A segment too large for every device says why best; when each one fits some
-            // device, the plan closest to fitting says what it lacks.
-            (_, last) => match (does_not_fit(profile, devices, workload), last) {
-                (
-                    PlanError::DoesNotFit {
-                        segment_bytes,
-                        largest_device,
-                        ..
-                    },
-                    Some(tried),
-                ) if segment_bytes <= largest_device => tried,
-                (err, _) => err,
-            },
-        });
+
+    /// A shape that cannot be planned at all: its error replaces any kept so far and no
+    /// plan's error replaces it, as a request that cannot be planned explains before any
+    /// memory shortfall.
+    fn unplannable(&mut self, err: PlanError) {
+        self.last_error = Some((f64::NEG_INFINITY, err));
     }
-    let (chosen, runner_up) = pick(plans);
-    Ok(PlanChoice {
-        chosen,
-        runner_up,
-        considered,
-    })
+}
+
+/// How far a failed prediction is from fitting: the worst stage's bytes ÷ limit when no
+/// split fits, else infinitely far (the error is not about memory).
+fn error_ratio(err: &PlanError) -> f64 {
+    match err {
+        PlanError::NoSplitFits {
+            stage_bytes,
+            limits,
+        } => worst_ratio(stage_bytes.iter().map(|&b| Some(b)), limits.iter().copied()),
+        _ => f64::INFINITY,
+    }
+}
+
+/// The error when no plan fits: a forced shape's own, or a request that cannot be planned;
+/// else a segment too large for every device says why best, and when each one fits some
+/// device, the plan closest to fitting says what it lacks.
+fn nothing_fits(
+    profile: &ModelProfile,
+    devices: &[PlanDevice],
+    workload: &Workload,
+    forced: bool,
+    last_error: Option<(f64, PlanError)>,
+) -> PlanError {
+    match (forced, last_error.map(|(_, err)| err)) {
+        (true, Some(err)) => err,
+        (_, Some(err @ PlanError::Request(_))) => err,
+        (_, last) => match (does_not_fit(profile, devices, workload), last) {
+            (
+                PlanError::DoesNotFit {
+                    segment_bytes,
+                    largest_device,
+                    ..
+                },
+                Some(tried),
+            ) if segment_bytes <= largest_device => tried,
+            (err, _) => err,
+        },
+    }
 }
 
 /// The plan to run among fitting `plans`, and the best of another shape. A fitting
