@@ -80,4 +80,8 @@ impl<M: ImageClassifier, S: GradientStep<M>> GradientStep<M> for Faulty<S> {
     fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
         self.inner.agree_to_stop(asked)
     }
+
+    fn agree_on_start(&mut self, step: usize) -> Result<(), TrainError> {
+        self.inner.agree_on_start(step)
+    }
 }

@@ -118,7 +118,6 @@ pub(crate) fn train_replica(
         owned.as_deref(),
         primary,
     )?;
-    agree_on_start(&replica, position.step)?;
     let mut step = if args.no_overlap {
         replica.non_overlapped_step()
     } else {
@@ -205,20 +204,6 @@ fn batch_share(
     } else {
         (args.batch_size, None)
     })
-}
-
-/// Every replica must continue from the same step (under MPI each process reads the run
-/// directory itself: a directory that is not shared would split the run).
-fn agree_on_start(replica: &Replica, step: usize) -> Result<(), TrainError> {
-    let (first, last) = replica
-        .comm()
-        .run(move |comm| comm.value_range(step as u64))?;
-    if first != last {
-        return Err(TrainError::checkpoint(format!(
-            "replicas would resume from different steps ({first} to {last}): every process must see the same --run-dir (a shared file system)"
-        )));
-    }
-    Ok(())
 }
 
 /// What only the primary replica does: the run log, the kernel-profile marks and validation.

@@ -81,6 +81,8 @@ mod objective_tests;
 #[cfg(test)]
 mod precision_tests;
 #[cfg(test)]
+mod start_tests;
+#[cfg(test)]
 mod sync_bn_tests;
 #[cfg(test)]
 mod sync_mode_tests;

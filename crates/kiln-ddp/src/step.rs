@@ -393,6 +393,21 @@ impl<M: Module, O: Objective> GradientStep<M, O::Batch> for DdpStep<M, O> {
         Ok(votes[0] > 0.0)
     }
 
+    fn agree_on_start(&mut self, step: usize) -> Result<(), TrainError> {
+        // A lone replica exchanges nothing. Exact for any step (f32 alone would round past
+        // 2^24).
+        if self.comm.world_size() == 1 {
+            return Ok(());
+        }
+        let (first, last) = self.comm.run(move |comm| comm.value_range(step as u64))?;
+        if first != last {
+            return Err(TrainError::checkpoint(format!(
+                "replicas would start at different steps ({first} to {last}): every replica must resume the same checkpoint (under MPI, a run directory every process shares)"
+            )));
+        }
+        Ok(())
+    }
+
     fn before_eval(&mut self, model: M) -> Result<M, TrainError> {
         match self.config.mode {
             // Already one model: buffers are averaged after every step (`after_update`), and

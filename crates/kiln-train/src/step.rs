@@ -121,6 +121,14 @@ pub trait GradientStep<M: Module, B: Batch = ImageBatch> {
     fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
         Ok(asked)
     }
+
+    /// Checked once before the first step, with the step the run starts (or resumes) at:
+    /// replicas that must stay in step refuse to start at different steps (each read its
+    /// own checkpoint, say from a run directory that is not shared).
+    fn agree_on_start(&mut self, step: usize) -> Result<(), TrainError> {
+        let _ = step;
+        Ok(())
+    }
 }
 
 /// Forward and backward on one device, in f32 or mixed precision, optionally clipping the
@@ -331,5 +339,9 @@ impl<M: Module, B: Batch, S: GradientStep<M, B> + ?Sized> GradientStep<M, B> for
 
     fn agree_to_stop(&mut self, asked: bool) -> Result<bool, TrainError> {
         (**self).agree_to_stop(asked)
+    }
+
+    fn agree_on_start(&mut self, step: usize) -> Result<(), TrainError> {
+        (**self).agree_on_start(step)
     }
 }

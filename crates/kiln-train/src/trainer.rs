@@ -269,7 +269,7 @@ where
         let Trainer {
             model,
             optimizer,
-            step,
+            mut step,
             mut train,
             settings,
             checkpoint,
@@ -287,6 +287,7 @@ where
             log_epochs,
         } = settings;
         let reporting = objective.reporting();
+        step.agree_on_start(start.step)?;
         let mut engine = ReplicaEngine::new(
             (model, optimizer, step),
             objective,
