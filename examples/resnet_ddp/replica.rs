@@ -8,7 +8,9 @@ use kiln::core::fingerprint;
 use kiln::data::{DataLoader, ImageBatch};
 use kiln::ddp::{DdpConfig, Replica};
 use kiln::resnet::ResNet;
-use kiln::train::{GradientStep, LrSchedule, TrainError, TrainPosition, Trainer, TrainerBuilder};
+use kiln::train::{
+    Classification, GradientStep, LrSchedule, TrainError, TrainPosition, Trainer, TrainerBuilder,
+};
 
 use crate::args::{Args, LrScalingArg};
 use crate::{Outcome, Setup, build_model, checkpoints, faults, optimizer};
@@ -233,7 +235,8 @@ fn primary_extras<S: GradientStep<ResNet, ImageBatch>>(
     Ok(builder.valid_loader(valid_loader))
 }
 
-/// This replica's training throughput (images/s) over a few probe steps on its device.
+/// This replica's training throughput (images/s) over a few probe steps on its device, in
+/// the precision training will use.
 fn measure_throughput(
     model: &ResNet,
     setup: &Setup,
@@ -245,20 +248,6 @@ fn measure_throughput(
         .device(device.clone())
         .build();
     let batches: Vec<_> = probe.epoch(0).take(4).collect::<Result<_, _>>()?;
-    // Probe in the precision training will use.
     let precision = MixedPrecision::new(args.amp.precision());
-    let working = precision.working_copy(model);
-    let working = working.as_ref().unwrap_or(model);
-    let mut timed = 0.0;
-    let mut images = 0;
-    for (i, batch) in batches.into_iter().enumerate() {
-        let size = batch.indices.len();
-        let start = std::time::Instant::now();
-        let _ = kiln::train::forward_backward(working, batch, &precision);
-        if i > 0 {
-            timed += start.elapsed().as_secs_f64();
-            images += size;
-        }
-    }
-    Ok(images as f64 / timed.max(1e-9))
+    kiln::train::measure_throughput(model, &Classification, batches, &precision, device)
 }

@@ -28,6 +28,9 @@ pub enum TrainError {
     /// `downcast_ref`), else why the run cannot resume.
     #[error("checkpoint: {0}")]
     Checkpoint(#[source] CheckpointCause),
+    /// The device failed (a synchronisation after queued work).
+    #[error("device: {0}")]
+    Device(String),
     /// The run's log (metrics, curves) could not be written.
     #[error("run log: {0}")]
     Log(String),

@@ -54,6 +54,7 @@ mod step;
 mod stop;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod throughput;
 mod train_loop;
 mod trainer;
 
@@ -74,6 +75,7 @@ pub use step::{
     forward_backward_with,
 };
 pub use stop::StopFlag;
+pub use throughput::measure_throughput;
 pub use train_loop::{Budget, LoopOptions, train_loop};
 pub use trainer::{Trainer, TrainerBuilder};
 
