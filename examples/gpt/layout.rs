@@ -3,7 +3,6 @@
 
 use kiln::pipeline::schedule::ScheduleKind;
 use kiln::planner::{Layout, Plan, PlanRequest};
-use kiln::train::TrainReport;
 
 use crate::Args;
 
@@ -101,16 +100,4 @@ pub fn chosen(plan: Option<Plan>, devices: usize) -> Result<Chosen, String> {
         }
         .described(stages)),
     }
-}
-
-/// The median step of a data-parallel run, in seconds (`per_replica` windows a step).
-pub fn median_step(report: &TrainReport, per_replica: usize) -> f64 {
-    let mut steps: Vec<f64> = report
-        .steps
-        .iter()
-        .skip(1)
-        .map(|s| per_replica as f64 / s.images_per_sec.max(1e-9))
-        .collect();
-    steps.sort_by(f64::total_cmp);
-    steps.get(steps.len() / 2).copied().unwrap_or(0.0)
 }

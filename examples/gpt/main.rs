@@ -18,7 +18,7 @@ use burn::optim::AdamWConfig;
 use burn::tensor::Device;
 use clap::Parser;
 use kiln::amp::{MixedPrecision, Precision};
-use kiln::checkpoint::{ResumeFrom, resume, resume_owning};
+use kiln::checkpoint::{ResumeFrom, start_from};
 use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
@@ -27,7 +27,7 @@ use kiln::pipeline::schedule::ScheduleKind;
 use kiln::pipeline::{Pipeline, PipelineConfig};
 use kiln::planner::PlanRequest;
 
-use crate::layout::{Stages, chosen, median_step, plan_request};
+use crate::layout::{Stages, chosen, plan_request};
 use kiln::train::{LanguageModeling, LrSchedule, TrainReport, Trainer};
 
 mod checkpoints;
@@ -227,7 +227,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let ((report, model), measured) = match layout.1 {
         None => {
             let (report, model) = data_parallel(&args, &data, devices.clone())?;
-            let measured = median_step(&report, args.batch_size / devices.len());
+            // The median step after the first (0 with one step: nothing to compare).
+            let measured = report
+                .median_step_seconds(args.batch_size / devices.len())
+                .unwrap_or(0.0);
             ((report, model), measured)
         }
         Some(stages) => pipelined(&args, &data, devices, &stages)?,
@@ -325,22 +328,20 @@ fn data_parallel(
         // Under ZeRO-1 the optimizer keeps (and resumes) its own parameters' state only.
         let owned = replica.optimizer_shard(&model);
         // Every replica resumes from the checkpoint (they hold the same state).
-        let (model, optimizer, position, step_state) = match &data.from {
-            None => (model, optimizer, Default::default(), Default::default()),
-            Some(path) => {
-                let resumed = match &owned {
-                    Some(owned) => resume_owning(path, &data.identity, model, optimizer, owned),
-                    None => resume(path, &data.identity, model, optimizer),
-                };
-                let r = resumed.map_err(kiln::train::TrainError::checkpoint)?;
-                (r.model, r.optimizer, r.position, r.step_state)
-            }
-        };
+        let start = start_from(
+            data.from.as_deref(),
+            &data.identity,
+            model,
+            optimizer,
+            owned.as_deref(),
+        )
+        .map_err(kiln::train::TrainError::checkpoint)?;
+        let (model, optimizer, position) = (start.model, start.optimizer, start.position);
         let model = replica.broadcast_module(model)?;
         let mut step = replica.overlapped_step_with(LanguageModeling);
         kiln::train::GradientStep::<Gpt, kiln::data::TokenBatch>::restore_state(
             &mut step,
-            &step_state,
+            &start.step_state,
         )?;
         let windows = TextWindows::builder(data.train.clone())
             .context(args.context)
@@ -358,13 +359,8 @@ fn data_parallel(
             .resume_at(position)
             .progress(primary && !args.quiet)
             .log_epochs(primary);
-        if let Some(mut saver) = checkpoints::saver(args, &data.identity) {
-            // Every replica takes part; the first writes (under ZeRO-1 with every
-            // replica's part of the optimizer state).
-            saver = saver.writes(primary);
-            if owned.is_some() {
-                saver = saver.optimizer_shard(replica.rank(), replica.world_size());
-            }
+        if let Some(saver) = checkpoints::saver(args, &data.identity) {
+            let saver = saver.for_replica(replica.rank(), replica.world_size(), owned.is_some());
             trainer = trainer.checkpoint(saver);
         }
         if primary {

@@ -342,7 +342,7 @@ pub struct Args {
     /// at optimizer step N, once per process (with --pipeline: every pipeline's last stage, in
     /// every run: relaunch without the flag to resume).
     #[arg(long)]
-    pub inject_fault: Option<crate::faults::Fault>,
+    pub inject_fault: Option<kiln::train::InjectedFault>,
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use burn::optim::ModuleOptimizer;
 use kiln::checkpoint::{
-    CheckpointError, CheckpointStore, Checkpointer, Restarts, ResumeFrom, RunIdentity, resume,
-    resume_owning,
+    CheckpointError, CheckpointStore, Checkpointer, Restarts, ResumeFrom, RunIdentity, RunStart,
+    start_from,
 };
 use kiln::resnet::ResNet;
-use kiln::train::{RunLog, StepState, TrainError, TrainPosition};
+use kiln::train::{RunLog, TrainError, TrainPosition};
 
 use crate::args::Args;
 
@@ -140,53 +140,30 @@ pub fn saver(args: &Args, identity: &RunIdentity, devices: &str) -> Option<Check
     })
 }
 
-/// Where a replica starts: the checkpoint's model, optimizer, position and gradient-step
-/// state (the loss scaler), or a fresh run's.
-pub struct Start {
-    pub model: ResNet,
-    pub optimizer: ModuleOptimizer,
-    pub position: TrainPosition,
-    pub step_state: StepState,
-}
-
-/// The model, optimizer and position to start from: the checkpoint's, or as given; `owned`:
-/// the parameters whose optimizer state this replica keeps (ZeRO-1), all when `None`.
+/// Where a replica starts: `--resume`'s checkpoint (said by the primary replica), or fresh;
+/// `owned`: the parameters whose optimizer state it keeps (ZeRO-1), all when `None`.
 pub fn start(
-    from: Option<&PathBuf>,
+    setup: &crate::Setup,
     identity: &RunIdentity,
     model: ResNet,
     optimizer: ModuleOptimizer,
     owned: Option<&[String]>,
     primary: bool,
-) -> Result<Start, TrainError> {
-    let Some(path) = from else {
-        return Ok(Start {
-            model,
-            optimizer,
-            position: TrainPosition::default(),
-            step_state: StepState::Null,
-        });
-    };
-    let resumed = match owned {
-        Some(owned) => resume_owning(path, identity, model, optimizer, owned),
-        None => resume(path, identity, model, optimizer),
-    }
-    .map_err(TrainError::checkpoint)?;
-    if primary {
+) -> Result<RunStart<ResNet>, TrainError> {
+    let from = setup.resume_from.as_deref();
+    let start =
+        start_from(from, identity, model, optimizer, owned).map_err(TrainError::checkpoint)?;
+    if primary && let Some(path) = &start.resumed_from {
+        let position = &start.position;
         println!(
             "resume: {} (step {}, epoch {}, step {} of it)",
-            resumed.path.display(),
-            resumed.position.step,
-            resumed.position.epoch,
-            resumed.position.step_in_epoch
+            path.display(),
+            position.step,
+            position.epoch,
+            position.step_in_epoch
         );
     }
-    Ok(Start {
-        model: resumed.model,
-        optimizer: resumed.optimizer,
-        position: resumed.position,
-        step_state: resumed.step_state,
-    })
+    Ok(start)
 }
 
 /// The primary replica's log of metrics and curves in the run directory, continuing from

@@ -29,7 +29,6 @@ mod args;
 mod checkpoints;
 mod conflicts;
 mod doctor;
-mod faults;
 mod pipeline;
 mod planning;
 mod replica;

@@ -223,8 +223,9 @@ fn pipeline_config(args: &Args, shape: &PipelineRun) -> PipelineConfig {
         // attempt only: a restarted run does not fail again).
         panic_at_step: args
             .inject_fault
-            .filter(|_| crate::faults::arm())
-            .map(|fault| fault.step),
+            .as_ref()
+            .filter(|fault| fault.take())
+            .map(|fault| fault.step()),
         ..PipelineConfig::default()
     }
 }

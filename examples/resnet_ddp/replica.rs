@@ -9,11 +9,12 @@ use kiln::data::{DataLoader, ImageBatch};
 use kiln::ddp::{DdpConfig, Replica};
 use kiln::resnet::ResNet;
 use kiln::train::{
-    Classification, GradientStep, LrSchedule, TrainError, TrainPosition, Trainer, TrainerBuilder,
+    Classification, FaultyStep, GradientStep, LrSchedule, TrainError, TrainPosition, Trainer,
+    TrainerBuilder,
 };
 
 use crate::args::{Args, LrScalingArg};
-use crate::{Outcome, Setup, build_model, checkpoints, faults, optimizer};
+use crate::{Outcome, Setup, build_model, checkpoints, optimizer};
 
 pub(crate) fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
     let batch = match &setup.planned_batches {
@@ -107,32 +108,28 @@ pub(crate) fn train_replica(
     let identity = checkpoints::identity(args, step_samples, total_steps);
     // Under ZeRO-1 the optimizer keeps (and resumes) the state of its own parameters only.
     let owned = replica.optimizer_shard(&model);
-    let checkpoints::Start {
-        model,
-        optimizer,
-        position,
-        step_state,
-    } = checkpoints::start(
-        setup.resume_from.as_ref(),
+    let start = checkpoints::start(
+        setup,
         &identity,
         model,
         optimizer,
         owned.as_deref(),
         primary,
     )?;
+    let (model, optimizer, position) = (start.model, start.optimizer, start.position);
     let mut step = if args.no_overlap {
         replica.non_overlapped_step()
     } else {
         replica.overlapped_step()
     };
-    GradientStep::<ResNet>::restore_state(&mut step, &step_state)?;
+    GradientStep::<ResNet>::restore_state(&mut step, &start.step_state)?;
     let (sync, transport) = (step.stats(), step.transport());
     let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
     // The last replica carries an injected fault, if asked for.
-    let fault = args
-        .inject_fault
-        .filter(|_| replica.rank() + 1 == replica.world_size());
-    let step = faults::Faulty { inner: step, fault };
+    let fault = (replica.rank() + 1 == replica.world_size())
+        .then(|| args.inject_fault.clone())
+        .flatten();
+    let step = FaultyStep::new(step, fault);
     let mut builder = Trainer::builder(model, optimizer)
         .gradient_step(step)
         .schedule(schedule)
@@ -141,14 +138,12 @@ pub(crate) fn train_replica(
         .resume_at(position)
         .progress(primary && !args.quiet)
         .log_epochs(primary);
-    if let Some(mut saver) = checkpoints::saver(args, &identity, &args.devices) {
-        // Every replica takes part in a checkpoint; the first writes it (with ZeRO-1, with
-        // every replica's part of the optimizer's state).
-        saver = saver.writes(replica.rank() == 0);
-        if owned.is_some() {
-            saver = saver.optimizer_shard(replica.rank(), replica.world_size());
-        }
-        builder = builder.checkpoint(saver);
+    if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
+        builder = builder.checkpoint(saver.for_replica(
+            replica.rank(),
+            replica.world_size(),
+            owned.is_some(),
+        ));
     }
     if let Some(flag) = &setup.stop {
         builder = builder.stop_flag(flag.clone());
@@ -220,8 +215,8 @@ fn primary_extras<S: GradientStep<ResNet, ImageBatch>>(
         builder = builder.observer(log);
     }
     if let Some(file) = &args.profile_kernels {
-        builder = builder.observer(crate::startup::ProfileMark::new(
-            file.clone(),
+        builder = builder.observer(kiln::train::SteadyStateMark::new(
+            file,
             args.profile_warmup,
             replica.device().clone(),
         ));

@@ -110,6 +110,23 @@ impl Checkpointer {
         self
     }
 
+    /// This checkpointer as replica `rank`'s of `world` data-parallel replicas: every replica
+    /// takes part in each checkpoint and the first writes it (they hold the same model);
+    /// with `sharded_optimizer` (ZeRO-1) each saves its part of the optimizer's state and
+    /// the first collects them (see [`optimizer_shard`](Self::optimizer_shard)).
+    ///
+    /// # Panics
+    /// If `rank >= world` (a programmer error).
+    pub fn for_replica(self, rank: usize, world: usize, sharded_optimizer: bool) -> Self {
+        assert!(rank < world, "rank {rank} of {world} replicas");
+        let saver = self.writes(rank == 0);
+        if sharded_optimizer {
+            saver.optimizer_shard(rank, world)
+        } else {
+            saver
+        }
+    }
+
     /// Records how the run is laid out (devices, replicas, plan) in the manifest; it may
     /// differ when resuming.
     pub fn layout(mut self, name: impl Into<String>, value: impl ToString) -> Self {

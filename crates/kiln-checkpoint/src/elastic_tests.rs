@@ -11,9 +11,9 @@ use kiln_data::{DataLoader, SyntheticImages};
 use kiln_ddp::{DataParallel, DdpConfig};
 use kiln_resnet::{ResNet, ResNetConfig, StemKind};
 use kiln_test_support::change_error;
-use kiln_train::{LrSchedule, TrainPosition, Trainer};
+use kiln_train::{LrSchedule, Trainer};
 
-use crate::{CheckpointStore, Checkpointer, RunIdentity, resume, resume_owning};
+use crate::{CheckpointStore, Checkpointer, RunIdentity, start_from};
 
 /// Samples per optimizer step, whatever the replica count.
 const GLOBAL: usize = 32;
@@ -88,22 +88,15 @@ fn run(layout: Layout, dir: &Path, start: Option<PathBuf>) -> Ended {
             let device = replica.train_device();
             let fresh = replica.broadcast_module(model(&device))?;
             let owned = replica.optimizer_shard(&fresh);
-            let (model, optimizer, position) = match &start {
-                Some(path) => {
-                    let r = match &owned {
-                        Some(owned) => resume_owning(path, &identity, fresh, sgd(), owned),
-                        None => resume(path, &identity, fresh, sgd()),
-                    }
-                    .map_err(kiln_train::TrainError::checkpoint)?;
-                    let optimizer = if layout.drop_optimizer_state {
-                        sgd()
-                    } else {
-                        r.optimizer
-                    };
-                    (r.model, optimizer, r.position)
-                }
-                None => (fresh, sgd(), TrainPosition::default()),
+            let started = start_from(start.as_deref(), &identity, fresh, sgd(), owned.as_deref())
+                .map_err(kiln_train::TrainError::checkpoint)?;
+            assert_eq!(started.resumed_from, start);
+            let optimizer = if layout.drop_optimizer_state && start.is_some() {
+                sgd()
+            } else {
+                started.optimizer
             };
+            let (model, position) = (started.model, started.position);
             let state_tensors = optimizer.to_record().len();
             // Even shares shard plainly; uneven ones take each step's samples in parts.
             let shares = kiln_data::proportional_split(GLOBAL, &vec![1.0; replicas]);
@@ -117,11 +110,8 @@ fn run(layout: Layout, dir: &Path, start: Option<PathBuf>) -> Ended {
                 loader = loader.shard_batches(shares);
             }
             let loader = loader.build();
-            let mut saver = Checkpointer::new(CheckpointStore::new(dir, 5), 4, identity.clone())
-                .writes(replica.rank() == 0);
-            if owned.is_some() {
-                saver = saver.optimizer_shard(replica.rank(), replica.world_size());
-            }
+            let saver = Checkpointer::new(CheckpointStore::new(dir, 5), 4, identity.clone())
+                .for_replica(replica.rank(), replica.world_size(), owned.is_some());
             let (model, _) = Trainer::builder(model, optimizer)
                 .gradient_step(replica.overlapped_step())
                 .schedule(LrSchedule::constant(0.05))

@@ -62,6 +62,7 @@ mod stage_part_files;
 #[cfg(test)]
 mod stage_part_tests;
 mod stage_parts;
+mod start;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -79,4 +80,5 @@ pub use snapshot::{
 };
 pub use stage_part_files::stage_part_name;
 pub use stage_parts::{StagePart, join_model_parts};
+pub use start::{RunStart, start_from};
 pub use store::{CheckpointStore, LatestWhole, LoadedCheckpoint};

@@ -38,6 +38,7 @@ mod accumulate;
 mod engine;
 mod error;
 mod evaluate;
+mod fault;
 mod language_modeling;
 mod mean_gradient;
 mod metrics;
@@ -50,6 +51,8 @@ mod run_log;
 #[cfg(test)]
 mod run_log_tests;
 mod schedule;
+mod startup;
+mod steady_mark;
 mod step;
 mod stop;
 #[cfg(any(test, feature = "testing"))]
@@ -61,6 +64,7 @@ mod trainer;
 pub use engine::{EngineStep, StepEngine};
 pub use error::{CheckpointCause, TrainError};
 pub use evaluate::{Evaluation, evaluate, evaluate_with};
+pub use fault::{FaultyStep, InjectedFault};
 pub use language_modeling::LanguageModeling;
 pub use mean_gradient::{GradientSummary, GradientValues, MeanGradient};
 pub use metrics::{EpochSummary, FirstStep, StepRecord, TrainReport};
@@ -70,6 +74,8 @@ pub use objective::{
 pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};
 pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
+pub use startup::{StartupCost, is_out_of_memory};
+pub use steady_mark::SteadyStateMark;
 pub use step::{
     GradientStep, LocalStep, StepMetrics, StepOutput, StepState, forward_backward,
     forward_backward_with,

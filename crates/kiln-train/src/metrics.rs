@@ -110,6 +110,34 @@ impl TrainReport {
     pub fn final_valid_accuracy(&self) -> Option<f32> {
         self.epochs.last().and_then(|e| e.valid_accuracy)
     }
+
+    /// Seconds spent in the epochs' training (validation not counted).
+    pub fn training_seconds(&self) -> f64 {
+        self.epochs.iter().map(|e| e.elapsed.as_secs_f64()).sum()
+    }
+
+    /// Samples trained over [`training_seconds`](Self::training_seconds), from the epochs'
+    /// own rates (so a resumed run counts only what this run trained).
+    pub fn samples_trained(&self) -> f64 {
+        self.epochs
+            .iter()
+            .map(|e| e.images_per_sec * e.elapsed.as_secs_f64())
+            .sum()
+    }
+
+    /// The median step's seconds after the first (which warms up: on a GPU it compiles and
+    /// tunes kernels), for steps of `samples_per_step` samples; `None` with fewer than two
+    /// steps.
+    pub fn median_step_seconds(&self, samples_per_step: usize) -> Option<f64> {
+        let mut seconds: Vec<f64> = self
+            .steps
+            .iter()
+            .skip(1)
+            .map(|step| samples_per_step as f64 / step.images_per_sec.max(1e-9))
+            .collect();
+        seconds.sort_by(f64::total_cmp);
+        seconds.get(seconds.len() / 2).copied()
+    }
 }
 
 #[cfg(test)]
@@ -141,5 +169,27 @@ mod tests {
             text.contains("val loss 2.0000") && text.contains("100 windows/s"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_median_step_leaves_the_first_out_and_needs_two_steps() {
+        let step = |images_per_sec| crate::StepRecord {
+            epoch: 0,
+            step: 0,
+            loss: 1.0,
+            accuracy: 0.0,
+            lr: 0.1,
+            images_per_sec,
+            data_wait: Duration::ZERO,
+            loss_scale: None,
+        };
+        let mut report = super::TrainReport {
+            steps: vec![step(1.0)],
+            ..Default::default()
+        };
+        assert_eq!(report.median_step_seconds(10), None);
+        // 10 samples a step: the warm-up's 10 s is left out, then 0.1 s, 0.5 s, 0.2 s.
+        report.steps.extend([step(100.0), step(20.0), step(50.0)]);
+        assert_eq!(report.median_step_seconds(10), Some(0.2));
     }
 }
