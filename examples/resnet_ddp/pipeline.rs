@@ -3,7 +3,7 @@
 
 use burn::tensor::Device;
 use kiln::data::DataLoader;
-use kiln::pipeline::schedule::{Costs, Schedule, bubble_formula, simulate};
+use kiln::pipeline::schedule::{Costs, Schedule, simulate};
 use kiln::pipeline::{Pipeline, PipelineConfig, PipelineReport};
 use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
@@ -255,30 +255,12 @@ fn print_report(
         );
     }
     for (index, stage) in report.stages.iter().enumerate() {
-        println!(
-            "stage {index}: segments {:?} | parameters {:.2} MB | peak {} micro-batch activations | busy {:.0}%",
-            stage.segments,
-            stage.param_bytes as f64 / 1e6,
-            stage.peak_in_flight,
-            100.0 * stage.busy_fraction
-        );
+        println!("stage {index}: {stage}");
     }
-    println!(
-        "bubble: measured {:.1}% | formula {:.1}% (equal stages)",
-        100.0 * report.bubble_fraction(),
-        100.0 * bubble_formula(kind, stages, micro_batches)?
-    );
-    // Trainable parameters in path order: equal for every schedule (each adds the same
-    // micro-batch gradients in the same order).
-    let mut paths: Vec<&String> = report.params.keys().collect();
-    paths.sort();
-    let values: Vec<f32> = paths
-        .into_iter()
-        .flat_map(|path| report.params[path].iter().copied())
-        .collect();
+    println!("{}", report.bubble_line(kind, stages, micro_batches)?);
     println!(
         "trained parameters fingerprint: {:016x}",
-        kiln::core::fingerprint_values(&values)
+        report.fingerprint()
     );
     if args.amp.precision() != kiln::amp::Precision::F32 {
         println!(

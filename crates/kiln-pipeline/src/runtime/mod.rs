@@ -16,6 +16,7 @@ mod pipeline;
 #[cfg(feature = "mpi")]
 mod processes;
 mod report;
+mod report_lines;
 mod stage;
 mod stage_gradient;
 mod stage_start;
