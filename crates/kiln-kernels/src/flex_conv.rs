@@ -1,9 +1,7 @@
 //! The convolution on Flex tensors: im2col and one GEMM per block of images, written
-//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im. The
-//! forward tries F(4×4) Winograd (`winograd4::applies`), the shifted GEMMs
-//! (`shifted::applies`) and F(2×2) Winograd (`winograd::applies`) in that order; the weight
-//! gradient F(2×2) (`winograd::applies_to_weight_gradient`), then the shifted GEMMs; the
-//! flipped-kernel input gradient follows the forward's choice.
+//! straight into the NCHW output; the backward pass is two more GEMMs and a col2im. Each
+//! pass runs the algorithm `conv_path` chooses (Winograd, direct, shifted GEMMs or im2col);
+//! the flipped-kernel input gradient follows the forward's choice for its transposed shape.
 //!
 //! Blocks hold enough images for a GEMM of at least [`BLOCK_POSITIONS`] output positions
 //! (one image of a large feature map, several of a small one) and run in parallel in the
@@ -21,10 +19,10 @@ use burn::tensor::{DType, FloatDType, Shape, TensorData};
 use rayon::prelude::*;
 
 use crate::block_sum::{block, sum_over_blocks};
+use crate::conv_path::{ConvPath, forward_path, weight_gradient_path};
 use crate::gemm::{Matrix, matmul};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{ConvDims, col2im, im2col};
-use crate::isa::Isa;
 use crate::zeroed::zeroed;
 use crate::{direct_conv, direct_weight_gradient, shifted, winograd, winograd4};
 
@@ -56,45 +54,6 @@ fn sizes(x: &Shape, weight: &Shape, geometry: ConvGeometry) -> (ConvDims, usize,
     };
     (dims, batch, out_channels)
 }
-
-/// Largest kernel volume (`Cin·kh·kw`) for which the direct kernel is taken where Winograd's
-/// F(4×4) is not: measured (one thread, batch 32) 0.64–0.72× the best other path's time at
-/// 32–128 channels (3×3 on 16×16 to 4×4); at 256 channels 8×8 F(2×2) stays ahead (17.4
-/// against 19.6 ms on a Zen 4 EPYC, with the edge taps skipped), and with stride 2 im2col.
-const DIRECT_MAX_ROWS: usize = 1152;
-
-/// Largest output plane on which the direct kernel is taken at any kernel volume (with
-/// AVX-512): on 4×4 it leaves out the taps over padding on all four edges (31 % of a 3×3
-/// kernel's multiply-adds), which no GEMM formulation does. 512 channels 4×4, one thread,
-/// batch 32, Zen 4 EPYC: 20.4 ms against F(2×2) 23.8 and im2col 24.2 (before the left and
-/// right edges were skipped, 25.2 against 24.8).
-const DIRECT_ANY_ROWS_MAX_POSITIONS: usize = 16;
-
-/// Whether the forward of `dims` takes the direct kernel where Winograd's F(4×4) did not.
-/// On AVX2 (the tile in register blocks, at half AVX-512's width, computing the skipped
-/// taps) F(2×2) stayed ahead at unit stride from 64 input channels on planes of 8×8 and
-/// more: measured with gemm's AVX2 kernels (`KILN_MAX_ISA=avx2`, one thread) 2.35 against
-/// 1.98 ms at 64 channels 8×8, while at 4×4, strided and with fewer channels the direct
-/// kernel stayed 0.5–0.9× the other paths.
-fn direct_forward_fits(dims: &ConvDims) -> bool {
-    let avx512 = Isa::current() == Isa::Avx512;
-    let wide_unit_stride =
-        dims.geometry.stride == [1, 1] && dims.channels >= 64 && dims.positions() >= 64;
-    let small_plane = avx512 && dims.positions() <= DIRECT_ANY_ROWS_MAX_POSITIONS;
-    (dims.rows() <= DIRECT_MAX_ROWS || small_plane) && (avx512 || !wide_unit_stride)
-}
-
-/// Most channel pairs (`Cin·Cout`) for which the direct weight gradient goes ahead of every
-/// other path: measured (one thread, batch 32, 3×3) 0.77–0.81× the best other path's time at
-/// 16–64 channels (32×32 to 8×8); from 128 channels F(2×2) or the shifted GEMMs were faster
-/// where they apply (1.14× at 128 channels 4×4, 1.5× at 64 channels 32×32). Where neither
-/// applies (small planes with many channels, strides, 1×1 kernels) it still goes ahead of
-/// im2col (0.85× at 512 channels 4×4).
-const DIRECT_FIRST_MAX_PAIRS: usize = 64 * 64;
-
-/// Fewest input channels for the direct weight gradient: with 3 (an RGB stem) a tile of
-/// (channel, kernel row) pairs is mostly empty and it took 2.3× im2col's time.
-const DIRECT_MIN_CHANNELS: usize = 16;
 
 /// Images per block.
 fn block_size(dims: &ConvDims) -> usize {
@@ -179,21 +138,13 @@ pub(crate) fn forward_values(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
-    if winograd4::applies(dims, out_channels) {
-        return winograd4::forward(x, weight, dims, batch, out_channels);
+    match forward_path(dims, out_channels) {
+        ConvPath::Winograd4 => winograd4::forward(x, weight, dims, batch, out_channels),
+        ConvPath::Direct => direct_conv::forward(x, weight, dims, batch, out_channels),
+        ConvPath::Shifted => shifted::forward(x, weight, dims, batch, out_channels),
+        ConvPath::Winograd2 => winograd::forward(x, weight, dims, batch, out_channels),
+        ConvPath::Im2col => im2col_forward(x, weight, dims, batch, out_channels),
     }
-    if direct_conv::applies(dims, out_channels) && direct_forward_fits(dims) {
-        return direct_conv::forward(x, weight, dims, batch, out_channels);
-    }
-    // Where F(4×4) does not apply, the shifted GEMMs were as fast as F(2×2) or faster
-    // (0.76× at 32 channels 16×16); F(2×2) keeps the planes too small for them (8×8).
-    if shifted::applies(dims) {
-        return shifted::forward(x, weight, dims, batch, out_channels);
-    }
-    if winograd::applies(dims, out_channels) {
-        return winograd::forward(x, weight, dims, batch, out_channels);
-    }
-    im2col_forward(x, weight, dims, batch, out_channels)
 }
 
 /// The forward by im2col and one GEMM per block of images.
@@ -287,7 +238,7 @@ pub(crate) fn input_gradient(
 /// (over the output gradient, `out_channels` channels): the same kernel and dilation, padding
 /// `dilation·(k − 1) − padding` on each side. `None` for other strides, or when a padding
 /// exceeds the dilated kernel's reach (the gradient then has no such form).
-fn transposed_dims(dims: &ConvDims, out_channels: usize) -> Option<ConvDims> {
+pub(crate) fn transposed_dims(dims: &ConvDims, out_channels: usize) -> Option<ConvDims> {
     let g = dims.geometry;
     if g.stride != [1, 1] {
         return None;
@@ -370,21 +321,16 @@ pub(crate) fn weight_gradient(
     batch: usize,
     out_channels: usize,
 ) -> Vec<f32> {
-    let direct =
-        direct_weight_gradient::applies(dims, out_channels) && dims.channels >= DIRECT_MIN_CHANNELS;
-    if direct && dims.channels * out_channels <= DIRECT_FIRST_MAX_PAIRS {
-        return direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels);
+    match weight_gradient_path(dims, out_channels) {
+        ConvPath::Direct => {
+            direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels)
+        }
+        ConvPath::Winograd2 => winograd::weight_gradient(x, grad, dims, batch, out_channels),
+        ConvPath::Shifted => shifted::weight_gradient(x, grad, dims, batch, out_channels),
+        ConvPath::Winograd4 | ConvPath::Im2col => {
+            im2col_weight_gradient(x, grad, dims, batch, out_channels)
+        }
     }
-    if winograd::applies_to_weight_gradient(dims, out_channels) {
-        return winograd::weight_gradient(x, grad, dims, batch, out_channels);
-    }
-    if shifted::applies(dims) {
-        return shifted::weight_gradient(x, grad, dims, batch, out_channels);
-    }
-    if direct {
-        return direct_weight_gradient::weight_gradient(x, grad, dims, batch, out_channels);
-    }
-    im2col_weight_gradient(x, grad, dims, batch, out_channels)
 }
 
 /// `Σ grad × columnsᵀ` over the batch: groups of blocks in parallel, their sums added in order.

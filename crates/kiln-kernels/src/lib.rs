@@ -53,6 +53,7 @@ mod batch_norm_tests;
 mod block_sum;
 mod conv2d;
 mod conv_extension;
+mod conv_path;
 #[cfg(test)]
 mod conv_tests;
 mod direct_conv;
@@ -103,6 +104,7 @@ pub use activation_extension::ActivationKernel;
 pub use attention::{AttentionKernel, causal_attention};
 pub use batch_norm::{NormalizedBatch, batch_norm_inference, batch_norm_train};
 pub use conv_extension::ConvKernel;
+pub use conv_path::{ConvPass, ConvPath, conv_path};
 pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
 pub use geometry::ConvGeometry;
 pub use isa::MAX_ISA_VARIABLE;
