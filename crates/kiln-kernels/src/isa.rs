@@ -6,7 +6,7 @@
 pub(crate) enum Isa {
     /// Plain Rust (the direct convolutions are then not dispatched to).
     Portable,
-    /// AVX2 with FMA (the direct tile in register blocks, `direct_tile_avx2`).
+    /// AVX2 with FMA (the direct tile in register blocks, `direct/tile_avx2.rs`).
     Avx2,
     /// AVX-512F.
     Avx512,

@@ -40,76 +40,33 @@
 #![warn(missing_docs)]
 
 mod activation;
-mod activation_extension;
-#[cfg(test)]
-mod activation_tests;
 mod attention;
 mod backward;
 mod batch_norm;
-#[cfg(test)]
-mod batch_norm_inference_tests;
-#[cfg(test)]
-mod batch_norm_tests;
-mod block_sum;
-mod conv2d;
-mod conv_extension;
-mod conv_path;
-#[cfg(test)]
-mod conv_tests;
-mod direct_conv;
-mod direct_conv_edges;
-mod direct_conv_rows;
-#[cfg(test)]
-mod direct_conv_tests;
-mod direct_tile;
-#[cfg(target_arch = "x86_64")]
-mod direct_tile_avx2;
-mod direct_weight_gradient;
-mod flex_activation;
-mod flex_batch_norm;
-mod flex_conv;
+mod conv;
 mod gemm;
-mod geometry;
-mod im2col;
-mod im2col_strided;
 mod isa;
 mod lane_sums;
 mod layer_norm;
-#[cfg(test)]
-mod layer_speed;
-mod norm_extension;
 mod scratch;
 mod sgd;
-mod shifted;
-#[cfg(test)]
-mod shifted_tests;
 mod short_copy;
 mod simd;
 #[cfg(test)]
 mod test_support;
-mod winograd;
-mod winograd4;
-#[cfg(test)]
-mod winograd4_tests;
-mod winograd4_tiles;
-mod winograd_batched;
-mod winograd_images;
-#[cfg(test)]
-mod winograd_tests;
-mod winograd_tiles;
 mod zeroed;
 
-pub use activation::{add_relu, gelu, relu};
-pub use activation_extension::ActivationKernel;
+pub use activation::entry::{add_relu, gelu, relu};
+pub use activation::extension::ActivationKernel;
 pub use attention::{AttentionKernel, causal_attention};
-pub use batch_norm::{NormalizedBatch, batch_norm_inference, batch_norm_train};
-pub use conv_extension::ConvKernel;
-pub use conv_path::{ConvPass, ConvPath, conv_path};
-pub use conv2d::{conv2d, conv2d_with, uses_kiln_kernel};
-pub use geometry::ConvGeometry;
+pub use batch_norm::entry::{NormalizedBatch, batch_norm_inference, batch_norm_train};
+pub use batch_norm::extension::BatchNormKernel;
+pub use conv::entry::{conv2d, conv2d_with, uses_kiln_kernel};
+pub use conv::extension::ConvKernel;
+pub use conv::geometry::ConvGeometry;
+pub use conv::path::{ConvPass, ConvPath, conv_path};
 pub use isa::MAX_ISA_VARIABLE;
 pub use layer_norm::{LayerNormKernel, layer_norm};
-pub use norm_extension::BatchNormKernel;
 pub use sgd::{
     FusedSgd, FusedSgdConfig, FusedSgdState, MomentumCoefficients, SgdCoefficients, SgdKernel,
     sgd_step,

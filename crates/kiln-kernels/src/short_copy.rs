@@ -2,7 +2,7 @@
 //!
 //! The padded copies of small planes copy rows of 4–32 values, tens of thousands per
 //! convolution; through `copy_from_slice` each was a call into libc's `memcpy`, whose fixed
-//! cost outweighed the copy (3.8 % of a w16 step on 2 threads went to `direct_conv::padded`'s
+//! cost outweighed the copy (3.8 % of a w16 step on 2 threads went to `direct::forward::padded`'s
 //! calls alone). Here a row moves in 8-value blocks the compiler keeps inline.
 
 /// Copies `src` into `dst`.

@@ -1,8 +1,8 @@
 //! What the kernels' tests share: convolution sizes, reproducible inputs, the relative error
 //! they are held to, runs in pools of a given size, and the speed tests' timing.
 
-use crate::geometry::ConvGeometry;
-use crate::im2col::ConvDims;
+use crate::conv::dims::ConvDims;
+use crate::conv::geometry::ConvGeometry;
 
 /// The sizes of a convolution of `channels` channels, `input` and `kernel` under `g`.
 ///

@@ -6,7 +6,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Tensor};
 
 use super::extension::AttentionKernel;
-use crate::conv2d::on_flex;
+use crate::conv::entry::on_flex;
 
 /// Causal multi-head self-attention of projected rows: `query`, `key` and `value` are
 /// `[batch, time, width]`, each row holding `heads` heads of `width / heads` columns side by

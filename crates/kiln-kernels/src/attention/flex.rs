@@ -14,7 +14,7 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::TensorData;
 use rayon::prelude::*;
 
-use crate::flex_activation::readable;
+use crate::activation::flex::readable;
 use crate::gemm::{Matrix, matmul_into};
 
 type FlexTensor = FloatTensor<Flex>;

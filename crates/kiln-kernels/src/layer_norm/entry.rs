@@ -3,7 +3,7 @@
 use burn::tensor::{DType, Tensor, module};
 
 use super::extension::LayerNormKernel;
-use crate::conv2d::on_flex;
+use crate::conv::entry::on_flex;
 
 /// Burn's [`module::layer_norm`]: `input` normalised over its last dimension (mean and
 /// biased variance of each row), times `gamma`, plus `beta` when given. On Burn's CPU backend

@@ -13,7 +13,7 @@ use burn::backend::{Flex, FlexDevice, TensorMetadata};
 use burn::tensor::{Shape, TensorData};
 use rayon::prelude::*;
 
-use crate::flex_activation::readable;
+use crate::activation::flex::readable;
 
 type FlexTensor = FloatTensor<Flex>;
 

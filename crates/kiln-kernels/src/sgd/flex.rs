@@ -15,7 +15,7 @@ use burn::tensor::{Shape, TensorData};
 use rayon::prelude::*;
 
 use super::rule::SgdCoefficients;
-use crate::flex_activation::{each_in_place, readable, writable};
+use crate::activation::flex::{each_in_place, readable, writable};
 use crate::simd::simd;
 use crate::zeroed::zeroed;
 

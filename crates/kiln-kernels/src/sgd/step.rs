@@ -5,7 +5,7 @@ use burn::tensor::{DType, Tensor};
 
 use super::extension::SgdKernel;
 use super::rule::SgdCoefficients;
-use crate::conv2d::on_flex;
+use crate::conv::entry::on_flex;
 
 type Dispatch = burn::backend::Dispatch;
 
