@@ -1,11 +1,13 @@
 """Each of ResNet-18's convolutions (CIFAR stem, batch 32) timed alone in PyTorch on one
-thread: forward, input gradient and weight gradient, the peer of kiln-kernels' `layer_speed`
-test (same shapes, same order, fastest of 15 runs after a warm-up).
+thread: forward, input gradient and weight gradient, the peer of `cargo xtask bench --only
+kernels` (same shapes, same order, fastest of 15 runs after a warm-up; `PEER_REPEAT` sets the
+count). The last line is the totals as JSON, for the bench.
 
     python3 xtask/peer/conv_layers.py [--width 16] [--threads 1]
 """
 
 import argparse
+import json
 import time
 
 import torch
@@ -72,6 +74,8 @@ def main():
         f"width {args.width}, all layers: forward {f:.1f} input grad {i:.1f} "
         f"weight grad {wg:.1f} ms, sum {f + i + wg:.1f} ms"
     )
+    print(json.dumps({"forward_ms": f, "input_gradient_ms": i, "weight_gradient_ms": wg,
+                      "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ mod backward;
 mod batch_norm;
 mod conv;
 mod gemm;
+#[cfg(test)]
+mod gemm_speed;
 mod isa;
 mod lane_sums;
 mod layer_norm;
@@ -65,6 +67,7 @@ pub use conv::entry::{conv2d, conv2d_with, uses_kiln_kernel};
 pub use conv::extension::ConvKernel;
 pub use conv::geometry::ConvGeometry;
 pub use conv::path::{ConvPass, ConvPath, conv_path};
+pub use conv::probe::ConvProbe;
 pub use isa::MAX_ISA_VARIABLE;
 pub use layer_norm::{LayerNormKernel, layer_norm};
 pub use sgd::{

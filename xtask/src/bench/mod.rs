@@ -9,6 +9,7 @@ mod collectives;
 mod ddp;
 mod gpt;
 mod gpt_memory;
+mod kernels;
 mod loader;
 mod optimizer;
 mod overhead;
@@ -47,7 +48,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 13] = [
+const SUITE: [(&str, Bench); 14] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -56,6 +57,7 @@ const SUITE: [(&str, Bench); 13] = [
     ("threads", threads::run),
     ("profile", profile::run),
     ("optimizer", optimizer::run),
+    ("kernels", kernels::run),
     ("peer", peer::run),
     ("pipeline", pipeline::run),
     ("planner", planner::run),

@@ -265,7 +265,7 @@ pub(crate) fn transposed_dims(dims: &ConvDims, out_channels: usize) -> Option<Co
 }
 
 /// `weight` `[Cout, Cin, kh, kw]` as `[Cin, Cout, kh, kw]`, each kernel rotated by 180°.
-fn flipped_weight(weight: &[f32], dims: &ConvDims, out_channels: usize) -> Vec<f32> {
+pub(crate) fn flipped_weight(weight: &[f32], dims: &ConvDims, out_channels: usize) -> Vec<f32> {
     let [kh, kw] = dims.kernel;
     let taps = kh * kw;
     let mut flipped = zeroed(weight.len());

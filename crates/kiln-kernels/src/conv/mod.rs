@@ -9,9 +9,8 @@ pub(crate) mod extension;
 pub(crate) mod flex;
 pub(crate) mod geometry;
 pub(crate) mod im2col;
-#[cfg(test)]
-mod layer_speed;
 pub(crate) mod path;
+pub(crate) mod probe;
 pub(crate) mod shifted;
 #[cfg(test)]
 mod shifted_tests;

@@ -4,7 +4,7 @@ use crate::conv::dims::ConvDims;
 use crate::conv::flex::{im2col_forward, im2col_weight_gradient};
 use crate::conv::geometry::ConvGeometry;
 use crate::conv::shifted;
-use crate::test_support::{conv_dims as dims, fastest_ms, in_pool, relative_error, values};
+use crate::test_support::{conv_dims as dims, in_pool, relative_error, values};
 
 /// (dims, out channels, batch): every case takes the shifted path.
 fn cases() -> Vec<(ConvDims, usize, usize)> {
@@ -122,33 +122,4 @@ fn results_do_not_depend_on_the_thread_count() {
         })
     };
     assert_eq!(run(1), run(3));
-}
-
-/// One thread, ResNet-18's stride-1 shapes that do not take Winograd:
-/// `cargo test --release -p kiln-kernels shifted_speed -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn shifted_speed() {
-    let batch = 32;
-    for (c, size) in [(16usize, 32usize), (32, 16), (64, 32)] {
-        let d = dims(
-            c,
-            [size, size],
-            [3, 3],
-            ConvGeometry::new().with_padding([(1, 1), (1, 1)]),
-        );
-        let x = values(batch * d.image_len(), 1);
-        let weight = values(c * d.rows(), 2);
-        let grad = values(batch * c * d.positions(), 3);
-        let time = fastest_ms;
-        let sf = time(&|| shifted::forward(&x, &weight, &d, batch, c));
-        let gf = time(&|| im2col_forward(&x, &weight, &d, batch, c));
-        let sw = time(&|| shifted::weight_gradient(&x, &grad, &d, batch, c));
-        let gw = time(&|| im2col_weight_gradient(&x, &grad, &d, batch, c));
-        println!(
-            "c{c} {size}x{size}: forward shifted {sf:.2} ms im2col {gf:.2} ms ({:.2}x); weight grad shifted {sw:.2} im2col {gw:.2} ({:.2}x)",
-            gf / sf,
-            gw / sw
-        );
-    }
 }

@@ -7,7 +7,7 @@ use crate::conv::dims::ConvDims;
 use crate::conv::flex::{im2col_forward, im2col_weight_gradient};
 use crate::conv::geometry::ConvGeometry;
 use crate::conv::winograd::f2::{self, MIN_CHANNELS, MIN_OUTPUT};
-use crate::test_support::{conv_dims, fastest_ms, in_pool, relative_error, values};
+use crate::test_support::{conv_dims, in_pool, relative_error, values};
 
 const TOLERANCE: f32 = 1e-5;
 
@@ -147,38 +147,4 @@ fn only_unit_stride_3x3_kernels_with_enough_channels_take_winograd() {
         ..d
     };
     assert!(!f2::applies(&one_by_one, MIN_CHANNELS));
-}
-
-/// Times both paths on ResNet-18's 3×3 unit-stride shapes (w64, batch 32): `cargo test
-/// --release -p kiln-kernels winograd_speed -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn winograd_speed() {
-    let batch = 32;
-    // ResNet-18's 3x3 unit-stride shapes at widths 64 and 16.
-    for (c, size) in [
-        (64usize, 32usize),
-        (128, 16),
-        (256, 8),
-        (512, 4),
-        (16, 32),
-        (32, 16),
-        (64, 8),
-        (128, 4),
-    ] {
-        let d = dims(c, [size, size], [(1, 1), (1, 1)]);
-        let x = values(batch * d.image_len(), 1);
-        let weight = values(c * c * 9, 2);
-        let grad = values(batch * c * d.positions(), 3);
-        let time = fastest_ms;
-        let wf = time(&|| f2::forward(&x, &weight, &d, batch, c));
-        let gf = time(&|| im2col_forward(&x, &weight, &d, batch, c));
-        let ww = time(&|| f2::weight_gradient(&x, &grad, &d, batch, c));
-        let gw = time(&|| im2col_weight_gradient(&x, &grad, &d, batch, c));
-        println!(
-            "c{c} {size}x{size}: forward winograd {wf:.2} ms im2col {gf:.2} ms ({:.2}x); weight grad winograd {ww:.2} im2col {gw:.2} ({:.2}x)",
-            gf / wf,
-            gw / ww
-        );
-    }
 }

@@ -11,7 +11,7 @@ use crate::conv::winograd::f4::{self, MIN_OUTPUT, NARROW_MIN_CHANNELS, WIDE_OUTP
 use crate::test_support::{conv_dims, fastest_ms, in_pool, relative_error, values};
 
 /// F(4×4, 3×3) rounds more than F(2×2, 3×3) (whose tests hold it to 1e-5): its transforms
-/// scale by up to 8 going in and by 1⁄24 on the kernel. Measured (`winograd4_speed`): 5e-6
+/// scale by up to 8 going in and by 1⁄24 on the kernel. Measured (the F(4×4) timings of `cargo xtask bench --only kernels`'s shapes): 5e-6
 /// to 1e-5 of the largest output at 32–128 channels, 1.5e-5 at 256; the margin covers other
 /// CPUs' GEMM kernels, which sum in other orders.
 const TOLERANCE: f32 = 3e-5;
@@ -118,46 +118,7 @@ fn only_outputs_of_at_least_16_take_f4x4_and_the_input_gradient_follows() {
     assert!(error < TOLERANCE, "input gradient: {error}");
 }
 
-/// Times F(4×4, 3×3) against F(2×2, 3×3) and im2col on ResNet-18's 3×3 unit-stride shapes
-/// (batch 32, one thread): `cargo test --release -p kiln-kernels winograd4_speed --
-/// --ignored --nocapture`.
-#[test]
-#[ignore]
-fn winograd4_speed() {
-    let batch = 32;
-    in_pool(1, || {
-        for (c, size) in [
-            (64usize, 32usize),
-            (128, 16),
-            (32, 16),
-            (32, 32),
-            (256, 8),
-            (64, 8),
-        ] {
-            let d = dims(c, [size, size], [(1, 1), (1, 1)]);
-            let x = values(batch * d.image_len(), 1);
-            let weight = values(c * c * 9, 2);
-            // Rounds interleaved, the fastest of each: the machine's load changes within a
-            // run, and every path should see the same.
-            let (mut f4, mut f2, mut im) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
-            for _ in 0..5 {
-                f4 = f4.min(fastest_ms(&|| f4::forward(&x, &weight, &d, batch, c)));
-                f2 = f2.min(fastest_ms(&|| f2::forward(&x, &weight, &d, batch, c)));
-                im = im.min(fastest_ms(&|| im2col_forward(&x, &weight, &d, batch, c)));
-            }
-            let error = relative_error(
-                &f4::forward(&x, &weight, &d, batch, c),
-                &im2col_forward(&x, &weight, &d, batch, c),
-            );
-            println!(
-                "c{c} {size}x{size}: F(4x4) {f4:.2} ms, F(2x2) {f2:.2} ms ({:.2}x), im2col {im:.2} ms; error {error:.1e}",
-                f2 / f4
-            );
-        }
-    });
-}
-
-/// Times the parts of one block of [`winograd4_speed`]'s shapes (input transform, the 36
+/// Times the parts of one block of ResNet-18's 3×3 unit-stride shapes (input transform, the 36
 /// GEMMs, output transform; plane by plane, and across images where that applies) at several
 /// block sizes: `cargo test --release -p kiln-kernels winograd4_parts -- --ignored
 /// --nocapture`.
