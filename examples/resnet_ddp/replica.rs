@@ -125,13 +125,7 @@ pub(crate) fn train_replica(
     GradientStep::<ResNet>::restore_state(&mut step, &start.step_state)?;
     let (sync, transport) = (step.stats(), step.transport());
     let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
-    // The last replica carries an injected fault, if asked for.
-    let fault = (replica.rank() + 1 == replica.world_size())
-        .then(|| args.inject_fault.clone())
-        .flatten();
-    let step = FaultyStep::new(step, fault);
     let mut builder = Trainer::builder(model, optimizer)
-        .gradient_step(step)
         .schedule(schedule)
         .train_loader(train_loader)
         .accumulation_steps(args.accumulation)
@@ -155,7 +149,18 @@ pub(crate) fn train_replica(
         Some(steps) => builder.max_steps(steps),
         None => builder.epochs(args.epochs),
     };
-    let (model, report) = builder.build()?.fit()?;
+    // The last replica carries an injected fault, if asked for (only then is the step
+    // wrapped: a run without one takes the step as it is).
+    let fault = (replica.rank() + 1 == replica.world_size())
+        .then(|| args.inject_fault.clone())
+        .flatten();
+    let (model, report) = match fault {
+        Some(fault) => builder
+            .gradient_step(FaultyStep::new(step, Some(fault)))
+            .build()?
+            .fit()?,
+        None => builder.gradient_step(step).build()?.fit()?,
+    };
     let sync = *sync.lock().unwrap_or_else(|p| p.into_inner());
     let amp = amp.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(Outcome {
