@@ -53,6 +53,15 @@ fn flex_runs_multi_threaded_with_simd() {
              features:\n{tree}"
         );
     }
+    // kiln's kernels dispatch their loops through pulp: without `x86-v3` an AVX2 CPU without
+    // AVX-512 runs them in SSE2 (the GPT's GELU ran 4x slower than libm's scalar one).
+    let pulp = resolved_features("pulp");
+    for feature in ["x86-v3", "x86-v4"] {
+        assert!(
+            pulp.contains(&format!("pulp feature \"{feature}\"")),
+            "pulp lost its `{feature}` feature; name it in kiln-kernels' Cargo.toml:\n{pulp}"
+        );
+    }
     let gemm = resolved_features("gemm");
     assert!(
         gemm.contains("gemm feature \"rayon\""),

@@ -68,9 +68,11 @@ pub fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
     )
 }
 
-/// `activation::gelu(x)` (the exact, erf form) in parallel on the CPU; equal to Burn's bit
-/// for bit, output and gradient. Flex computes GELU on one thread; a transformer's MLP
-/// applies it to its widest activation. Other backends and dtypes run Burn's GELU.
+/// `activation::gelu(x)` (the exact, erf form) in parallel and vectorised on the CPU, within
+/// 4e-7·(1 + |x|) of Burn's output and gradient: its `erf` is a branch-free approximation
+/// within 2.5e-7 of libm's (the one PyTorch's vectorised CPU kernels use), where Flex calls
+/// libm's `erff` one element at a time on one thread. A transformer's MLP applies GELU to its
+/// widest activation. Other backends and dtypes run Burn's GELU.
 ///
 /// ```
 /// use burn::tensor::{Device, Tensor};
@@ -79,7 +81,8 @@ pub fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
 /// let x = Tensor::<1>::from_floats([-1.0, 0.0, 2.0], &device).require_grad();
 /// let y = kiln_kernels::gelu(x.clone());
 /// let expected = burn::tensor::activation::gelu(x.clone().detach());
-/// assert_eq!(y.to_data(), expected.to_data());
+/// let difference: f32 = (y.clone() - expected).abs().max().into_scalar();
+/// assert!(difference < 1e-6);
 /// let grads = y.sum().backward();
 /// assert!(x.grad(&grads).is_some());
 /// ```
