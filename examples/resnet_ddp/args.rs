@@ -132,7 +132,7 @@ pub enum CommArg {
 }
 
 /// What the binary does instead of training.
-#[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(clap::Subcommand, Debug, Clone, PartialEq)]
 pub enum Command {
     /// Check what this build and machine can do: compiled features, the CPU, every device
     /// `--devices` names (opened and used), CUDA's libraries, wgpu adapters, MPI (`--comm mpi`
@@ -143,6 +143,22 @@ pub enum Command {
     /// precision, host and device gradient paths, with a control that must fail); exits
     /// non-zero on a failure. On a GPU node: `selftest --devices cuda:0,cuda:0`.
     Selftest,
+    /// Run a job and launch it again after it fails, like `torchrun --max-restarts`: for MPI
+    /// jobs, which cannot restart themselves (`mpirun` ends every rank when one fails). The
+    /// job resumes itself, so it needs `--run-dir`, `--checkpoint-every` and `--resume latest`:
+    /// `launch --max-restarts 2 -- mpirun -np 2 resnet_ddp --comm mpi --devices cpu
+    /// --run-dir runs/a --checkpoint-every 50 --resume latest`.
+    Launch {
+        /// Launches after a failure.
+        #[arg(long, default_value_t = 1)]
+        max_restarts: usize,
+        /// Seconds a launch may run before it is killed as hung (and counted as a failure).
+        #[arg(long)]
+        attempt_timeout: Option<f64>,
+        /// The job's command line, after `--`.
+        #[arg(last = true, required = true)]
+        job: Vec<String>,
+    },
 }
 
 /// Train a ResNet with kiln.
@@ -334,13 +350,13 @@ pub struct Args {
     #[arg(long)]
     pub resume: Option<String>,
     /// When a replica fails (an error or a panic), restart the run from the latest checkpoint
-    /// in --run-dir, up to this many times (in-process runs; under MPI, relaunch `mpirun`
-    /// with `--resume latest`).
+    /// in --run-dir, up to this many times (in-process runs; an MPI job restarts through the
+    /// `launch` subcommand).
     #[arg(long, default_value_t = 0)]
     pub max_restarts: usize,
     /// Fault injection for testing restarts: `panic-at-step:N` makes the last replica panic
-    /// at optimizer step N, once per process (with --pipeline: every pipeline's last stage, in
-    /// every run: relaunch without the flag to resume).
+    /// at optimizer step N (with --pipeline: every pipeline's last stage), once per process,
+    /// and only in a job's first launch (`launch` relaunches it without the fault).
     #[arg(long)]
     pub inject_fault: Option<kiln::train::InjectedFault>,
     /// Hide the progress bar.

@@ -173,3 +173,32 @@ fn options_that_would_be_ignored_are_refused_with_the_reason() {
         );
     }
 }
+
+#[test]
+fn launch_takes_the_job_after_a_double_dash() {
+    let args = parse(&[
+        "launch",
+        "--max-restarts",
+        "2",
+        "--",
+        "mpirun",
+        "-np",
+        "2",
+        "x",
+        "--resume",
+        "latest",
+    ])
+    .expect("a launch");
+    assert_eq!(
+        args.command,
+        Some(super::Command::Launch {
+            max_restarts: 2,
+            attempt_timeout: None,
+            job: ["mpirun", "-np", "2", "x", "--resume", "latest"]
+                .map(String::from)
+                .to_vec(),
+        })
+    );
+    // The control: no job, nothing to launch.
+    assert!(parse(&["launch", "--max-restarts", "2"]).is_err());
+}

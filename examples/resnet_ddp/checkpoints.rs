@@ -36,7 +36,7 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
         return Err("--max-restarts needs --run-dir and --checkpoint-every (restarts resume from the latest checkpoint)".into());
     }
     if args.max_restarts > 0 && args.comm == crate::args::CommArg::Mpi {
-        return Err("--max-restarts restarts in-process runs; under MPI relaunch mpirun with --resume latest".into());
+        return Err("--max-restarts restarts in-process runs; an MPI job restarts from outside mpirun: `resnet_ddp launch --max-restarts N -- mpirun ... --resume latest`".into());
     }
     let named = unsupported(args);
     if (args.checkpoint_every.is_some() || args.resume.is_some()) && !named.is_empty() {

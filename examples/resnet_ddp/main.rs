@@ -29,6 +29,7 @@ mod args;
 mod checkpoints;
 mod conflicts;
 mod doctor;
+mod launch;
 mod pipeline;
 mod planning;
 mod replica;
@@ -53,15 +54,24 @@ fn main() -> ExitCode {
     if let Err(err) = kiln::core::retain_freed_memory() {
         eprintln!("note: {err}");
     }
-    let args = Args::parse();
+    let mut args = Args::parse();
+    // A relaunched job (the `launch` subcommand's) does not inject its fault again.
+    if kiln::checkpoint::launch_number() > 0 {
+        args.inject_fault = None;
+    }
     // Before any GPU is touched (the selftest's and the doctor's too).
     if let Err(err) = startup::gpu_runtime(&args).apply() {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }
-    let passed = match args.command {
+    let passed = match &args.command {
         Some(args::Command::Doctor) => Some(doctor::run(&args)),
         Some(args::Command::Selftest) => Some(selftest::run(&args.devices)),
+        Some(args::Command::Launch {
+            max_restarts,
+            attempt_timeout,
+            job,
+        }) => Some(launch::run(job, *max_restarts, *attempt_timeout)),
         None => None,
     };
     if let Some(passed) = passed {

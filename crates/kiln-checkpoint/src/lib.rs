@@ -54,6 +54,7 @@ mod optimizer_parts;
 mod parts;
 #[cfg(test)]
 mod parts_tests;
+mod relaunch;
 mod restart;
 #[cfg(test)]
 mod restart_tests;
@@ -74,6 +75,7 @@ pub use error::CheckpointError;
 pub use manifest::{FORMAT, FileEntry, MANIFEST, Manifest, Position, RunIdentity};
 pub use optimizer_parts::{join_optimizer_parts, optimizer_part_bytes, optimizer_part_name};
 pub use parts::PartsToCollect;
+pub use relaunch::{LAUNCH_VARIABLE, Relaunch, RelaunchError, RelaunchReport, launch_number};
 pub use restart::{Restarts, ResumeFrom};
 pub use snapshot::{
     assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
