@@ -14,7 +14,6 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use burn::module::Module;
-use burn::optim::AdamWConfig;
 use burn::tensor::Device;
 use clap::Parser;
 use kiln::amp::{MixedPrecision, Precision};
@@ -23,6 +22,7 @@ use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::gpt::{Gpt, GptConfig};
+use kiln::kernels::FusedAdamWConfig;
 use kiln::pipeline::schedule::ScheduleKind;
 use kiln::pipeline::{Pipeline, PipelineConfig};
 use kiln::planner::PlanRequest;
@@ -478,5 +478,5 @@ fn choose_layout(
 
 /// AdamW with `--weight-decay` on the weight matrices only (`kiln::gpt::adamw`).
 fn optimizer(args: &Args) -> burn::optim::ModuleOptimizer {
-    kiln::gpt::adamw(&AdamWConfig::new().with_weight_decay(args.weight_decay))
+    kiln::gpt::adamw(&FusedAdamWConfig::new().with_weight_decay(args.weight_decay))
 }

@@ -2,10 +2,10 @@
 //! `--profile-cache`) and chooses data parallelism, pipeline stages or both for the memory
 //! given (`--device-memory`); this file brings only the profile.
 
-use burn::optim::AdamWConfig;
 use burn::tensor::Device;
 use kiln::core::DeviceSpec;
 use kiln::data::{Batch, BatchSource, TextWindows};
+use kiln::kernels::FusedAdamWConfig;
 use kiln::planner::{
     BatchProfile, Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, ProfileOptions,
     RunPlanning, parse_memory_limits, profile_segments_with, profile_update_with,
@@ -112,7 +112,7 @@ fn profile(
         &model,
         (&LanguageModeling, &smallest),
         &device,
-        AdamWConfig::new().init(),
+        kiln::gpt::adamw(&FusedAdamWConfig::new()),
         &options,
     )?;
     Ok(ModelProfile {

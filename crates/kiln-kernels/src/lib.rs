@@ -34,12 +34,17 @@
 //!   parameter, its gradient and its velocity, split over the replica's threads, instead of
 //!   Burn's `Sgd`'s up to seven single-threaded passes; Burn's bit for bit. The
 //!   [`FusedSgd`] optimizer (`sgd/`) runs it: Burn's `Sgd` with the same configuration.
+//! - [`FusedAdamW`] — AdamW (decoupled or cautious weight decay, AMSGrad) in one pass over a
+//!   parameter, its gradient and its moments, split over the replica's threads, instead of
+//!   Burn's `AdamW`'s fourteen or so single-threaded passes; Burn's bit for bit, and its
+//!   state is Burn's (`adamw/`).
 //!
 //! Results do not depend on the thread count: work is split into pieces that never write the
 //! same element, and every sum runs in an order fixed by the shapes.
 #![warn(missing_docs)]
 
 mod activation;
+mod adamw;
 mod attention;
 mod backward;
 mod batch_norm;
@@ -56,10 +61,12 @@ mod short_copy;
 mod simd;
 #[cfg(test)]
 mod test_support;
+mod update_buffer;
 mod zeroed;
 
 pub use activation::entry::{add_relu, gelu, relu};
 pub use activation::extension::ActivationKernel;
+pub use adamw::{AdamWCoefficients, AdamWDecay, AdamWKernel, FusedAdamW, FusedAdamWConfig};
 pub use attention::{AttentionKernel, causal_attention};
 pub use batch_norm::entry::{NormalizedBatch, batch_norm_inference, batch_norm_train};
 pub use batch_norm::extension::BatchNormKernel;

@@ -1,9 +1,10 @@
 //! The GPT's AdamW decays the weight matrices only: with a zero gradient (Adam's update
 //! zero) one step shrinks exactly the decayed parameters, by `lr × decay`.
 
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor};
 use kiln_core::{FlatLayout, Forward, init_module, param_infos, read_params};
+use kiln_kernels::FusedAdamWConfig;
 
 use crate::{GptConfig, adamw};
 
@@ -33,7 +34,7 @@ fn weight_decay_shrinks_the_matrices_and_spares_biases_norms_and_embeddings() {
         let loss = model.forward(tokens).sum().mul_scalar(0.0);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let (lr, decay) = (0.5, 0.1);
-        let mut optimizer = adamw(&AdamWConfig::new().with_weight_decay(decay));
+        let mut optimizer = adamw(&FusedAdamWConfig::new().with_weight_decay(decay));
         let after = by_path(&optimizer.step(lr, model, grads));
         let mut decayed = Vec::new();
         for ((path, old), (_, new)) in before.iter().zip(&after) {

@@ -15,10 +15,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use burn::optim::AdamWConfig;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::gpt::GptConfig;
+use kiln::kernels::FusedAdamWConfig;
 use kiln::train::{LanguageModeling, LrSchedule, Trainer};
 
 use super::throughput::cores;
@@ -84,7 +84,7 @@ fn kiln_run(
     let mut outcomes = DataParallel::new(vec![device]).config(ddp).run(|replica| {
         let device = replica.train_device();
         let model = kiln::core::init_on_host(&device, SEED, |d| config.init(d));
-        let optimizer = kiln::gpt::adamw(&AdamWConfig::new().with_weight_decay(WEIGHT_DECAY));
+        let optimizer = kiln::gpt::adamw(&FusedAdamWConfig::new().with_weight_decay(WEIGHT_DECAY));
         let windows = TextWindows::builder(train.clone())
             .context(CONTEXT)
             .batch_size(BATCH)

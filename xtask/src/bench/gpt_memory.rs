@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use burn::optim::AdamWConfig;
 use burn::tensor::Device;
 use kiln::data::{Batch, BatchSource, TextCorpus, TextWindows};
 use kiln::gpt::GptConfig;
+use kiln::kernels::FusedAdamWConfig;
 use kiln::pipeline::schedule::ScheduleKind;
 use kiln::pipeline::{Pipeline, PipelineConfig, PipelineReport};
 use kiln::planner::{
@@ -69,7 +69,7 @@ fn build(device: &Device) -> kiln::gpt::Gpt {
 }
 
 fn optimizer() -> burn::optim::ModuleOptimizer {
-    kiln::gpt::adamw(&AdamWConfig::new().with_weight_decay(WEIGHT_DECAY))
+    kiln::gpt::adamw(&FusedAdamWConfig::new().with_weight_decay(WEIGHT_DECAY))
 }
 
 fn windows(text: &TextCorpus, batch: usize, device: Device) -> Result<TextWindows, String> {

@@ -11,53 +11,19 @@
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Flex, FlexDevice, TensorMetadata};
-use burn::tensor::{Shape, TensorData};
+use burn::tensor::TensorData;
 use rayon::prelude::*;
 
 use super::rule::SgdCoefficients;
-use crate::activation::flex::{each_in_place, readable, writable};
+use crate::activation::flex::{each_in_place, readable};
 use crate::simd::simd;
+use crate::update_buffer::UpdateBuffer;
 use crate::zeroed::zeroed;
 
 type FlexTensor = FloatTensor<Flex>;
 
 /// Elements per parallel piece.
 const PIECE: usize = 1 << 14;
-
-/// A buffer to write `tensor`'s update into: its own storage when it can be overwritten,
-/// else a copy of its values (with the tensor's shape; the shared tensor is let go).
-enum Target {
-    InPlace(FlexTensor),
-    Copy(Vec<f32>, Shape),
-}
-
-impl Target {
-    fn new(tensor: FlexTensor) -> Self {
-        match writable(readable(tensor)) {
-            Ok(tensor) => Target::InPlace(tensor),
-            Err(shared) => {
-                let values = shared.as_slice::<f32>().expect("contiguous f32").to_vec();
-                Target::Copy(values, shared.shape())
-            }
-        }
-    }
-
-    fn values(&mut self) -> &mut [f32] {
-        match self {
-            Target::InPlace(tensor) => tensor.storage_mut::<f32>(),
-            Target::Copy(values, _) => values,
-        }
-    }
-
-    fn finish(self) -> FlexTensor {
-        match self {
-            Target::InPlace(tensor) => tensor,
-            Target::Copy(values, shape) => {
-                Flex::float_from_data(TensorData::new(values, shape), &FlexDevice)
-            }
-        }
-    }
-}
 
 /// One SGD step of `param` given `grad` (same shape; any float dtype is read as f32, the
 /// parameter is f32) and the velocity of the previous step: `(new param, new velocity)`, the
@@ -79,7 +45,7 @@ pub(crate) fn step(
     );
     let grad = readable(grad);
     let g = grad.as_slice::<f32>().expect("contiguous f32");
-    let mut param = Target::new(param);
+    let mut param = UpdateBuffer::new(param);
     let c = coefficients;
     let velocity = match (c.momentum, velocity) {
         (None, _) => {
@@ -88,7 +54,7 @@ pub(crate) fn step(
         }
         (Some(_), Some(velocity)) => {
             assert_eq!(velocity.shape(), grad.shape(), "sgd: velocity shape");
-            let mut velocity = Target::new(velocity);
+            let mut velocity = UpdateBuffer::new(velocity);
             with_velocity(param.values(), velocity.values(), g, c, false);
             Some(velocity.finish())
         }
