@@ -69,7 +69,15 @@ impl CheckpointStore {
     pub fn note_part_failure(&self, step: usize, name: &str, why: &str) {
         let dir = self.parts_dir(step);
         let _ = fs::create_dir_all(&dir);
-        let _ = fs::write(dir.join(format!("{name}.failed")), why);
+        // Written beside and renamed into place: a collector polling for the note must never
+        // read it half written (it did, and reported an empty reason).
+        let (draft, note) = (
+            dir.join(format!("{name}.failed.draft")),
+            dir.join(format!("{name}.failed")),
+        );
+        if fs::write(&draft, why).is_ok() {
+            let _ = fs::rename(&draft, &note);
+        }
     }
 
     /// Waits for the part `name` of the checkpoint at `step` and moves it into `into`;

@@ -132,3 +132,48 @@ fn a_full_disk_during_a_save_stops_the_run_with_the_reason_and_keeps_the_previou
         std::fs::remove_dir_all(&d).ok();
     }
 }
+
+/// A collector polling for a failure note while it is written reads all of it: the note is
+/// renamed into place whole (it was written in place, and a collector once read it empty;
+/// on that code this test failed at its first step, 3 runs of 3).
+#[test]
+fn a_failure_note_is_read_whole_while_it_is_written() {
+    use std::sync::Arc;
+    let (dir, store) = saved("note", 1, 5);
+    let manifest = crate::Manifest::read(&store.path_for(1)).unwrap();
+    let reason = format!("{}the end", "a long reason, ".repeat(1 << 16));
+    for step in 2..6 {
+        let manifest = crate::Manifest {
+            position: crate::Position {
+                step,
+                ..manifest.position
+            },
+            ..manifest.clone()
+        };
+        let parts = crate::PartsToCollect {
+            names: vec!["optimizer-1-of-2.bpk".into()],
+            timeout: Duration::from_secs(60),
+            abandoned: Arc::default(),
+        };
+        let writer = {
+            let (store, reason) = (store.clone(), reason.clone());
+            // Written again and again, so that the collector's first look falls during a write.
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    store.note_part_failure(step, "optimizer-1-of-2.bpk", &reason);
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(5));
+        let err = store
+            .save_with_parts(manifest, vec![("a".into(), vec![1])], Some(&parts))
+            .unwrap_err()
+            .to_string();
+        writer.join().unwrap();
+        assert!(
+            err.ends_with("the end"),
+            "step {step}: the note was read half written"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -114,7 +114,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
             lines.push(line);
         }
     }
-    match mpi_figures(sizes_mb, reps) {
+    match mpi_figures(sizes_mb, reps, args.quick) {
         Ok((figures, mpi_lines)) => {
             out.figures.extend(figures);
             lines.extend(mpi_lines);
@@ -134,7 +134,15 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
 
 /// Builds the MPI timing program and runs it under `mpirun` at 2 and 4 ranks, when Open MPI
 /// is installed. Each figure is divided by memcpy bandwidth measured here, in the same run.
-fn mpi_figures(sizes_mb: &[usize], reps: usize) -> Result<(Vec<Figure>, Vec<Series>), String> {
+///
+/// A `quick` run (CI's smoke run) builds it in the dev profile (dependencies optimised
+/// there too) with the whole workspace's MPI features, the build CI's MPI steps use: one
+/// build of Burn instead of a release one of its own.
+fn mpi_figures(
+    sizes_mb: &[usize],
+    reps: usize,
+    quick: bool,
+) -> Result<(Vec<Figure>, Vec<Series>), String> {
     use std::process::Command;
     let found = Command::new("mpirun")
         .arg("--version")
@@ -144,24 +152,37 @@ fn mpi_figures(sizes_mb: &[usize], reps: usize) -> Result<(Vec<Figure>, Vec<Seri
     if !found {
         return Err("mpirun not found (install Open MPI)".into());
     }
+    let (build_args, profile): (&[&str], _) = if quick {
+        (
+            &["--workspace", "--features", "kiln/mpi", "--examples"],
+            "debug",
+        )
+    } else {
+        (
+            &[
+                "--release",
+                "-p",
+                "kiln-comm",
+                "--features",
+                "mpi",
+                "--example",
+                "mpi_bandwidth",
+            ],
+            "release",
+        )
+    };
     let build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "kiln-comm",
-            "--features",
-            "mpi",
-            "--example",
-            "mpi_bandwidth",
-        ])
+        .arg("build")
+        .args(build_args)
         .status()
         .map_err(|e| e.to_string())?;
     if !build.success() {
         return Err("could not build the MPI timing program".into());
     }
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    let program = std::path::Path::new(&target).join("release/examples/mpi_bandwidth");
+    let program = std::path::Path::new(&target)
+        .join(profile)
+        .join("examples/mpi_bandwidth");
     let (mut figures, mut lines) = (Vec::new(), Vec::new());
     for world in [2, 4] {
         let output = Command::new("mpirun")

@@ -126,9 +126,8 @@ fn shared_buffers_keep_their_values_and_strided_gradients_are_read_in_order() {
 #[test]
 fn other_dtypes_run_burns_adamw() {
     let device = Device::flex();
-    let f64s = |seed| {
-        Tensor::<1>::from_floats(values(1000, seed).as_slice(), &device).cast(DType::F64)
-    };
+    let f64s =
+        |seed| Tensor::<1>::from_floats(values(1000, seed).as_slice(), &device).cast(DType::F64);
     let config = FusedAdamWConfig::new().with_weight_decay(0.1);
     let (got, _) = config.build().step(1e-2, f64s(1), f64s(2), None);
     let (want, _) = config.burn().build().step(1e-2, f64s(1), f64s(2), None);
