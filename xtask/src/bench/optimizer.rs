@@ -1,12 +1,13 @@
 //! One optimizer step of ResNet-18 (width 64, 11 M parameters; 16 with `--quick`): Burn's `Sgd` against kiln's
-//! `FusedSgd` (the same arithmetic in one parallel pass), on one thread and on every core.
+//! `FusedSgd`, and Burn's `AdamW` against kiln's `FusedAdamW` (each pair the same arithmetic,
+//! kiln's in one parallel pass), on one thread and on every core.
 
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Distribution, Tensor};
 use kiln::core::init_module;
-use kiln::kernels::FusedSgdConfig;
+use kiln::kernels::{FusedAdamWConfig, FusedSgdConfig};
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 
 use super::Output;
@@ -36,12 +37,11 @@ fn gradients(model: &ResNet, device: &Device, seed: u64) -> GradientsParams {
     GradientsParams::from_grads(loss.backward(), model)
 }
 
-/// Median seconds of one step of each optimizer (momentum 0.9, weight decay 5e-4), the two
-/// measured in turn after a first step that creates their state.
-fn measure(width: usize, reps: usize, device: &Device) -> [f64; 2] {
+/// SGD (momentum 0.9, weight decay 5e-4): Burn's and kiln's.
+fn sgd_pair() -> [ModuleOptimizer; 2] {
     let momentum = || Some(MomentumConfig::new().with_momentum(0.9));
     let decay = || Some(WeightDecayConfig::new(5e-4));
-    let mut optimizers: [ModuleOptimizer; 2] = [
+    [
         SgdConfig::new()
             .with_momentum(momentum())
             .with_weight_decay(decay())
@@ -50,7 +50,23 @@ fn measure(width: usize, reps: usize, device: &Device) -> [f64; 2] {
             .with_momentum(momentum())
             .with_weight_decay(decay())
             .init(),
-    ];
+    ]
+}
+
+/// AdamW (weight decay 0.1, the GPT's): Burn's and kiln's.
+fn adamw_pair() -> [ModuleOptimizer; 2] {
+    let config = FusedAdamWConfig::new().with_weight_decay(0.1);
+    [config.burn().init(), config.init()]
+}
+
+/// Median seconds of one step of each optimizer of the pair, the two measured in turn after
+/// a first step that creates their state; they must train alike, bit for bit.
+fn measure(
+    width: usize,
+    reps: usize,
+    device: &Device,
+    mut optimizers: [ModuleOptimizer; 2],
+) -> [f64; 2] {
     let mut models = [model(device, width), model(device, width)];
     let mut samples = [Vec::new(), Vec::new()];
     for rep in 0..=reps {
@@ -68,7 +84,7 @@ fn measure(width: usize, reps: usize, device: &Device) -> [f64; 2] {
     assert_eq!(
         kiln::core::fingerprint(&models[0]),
         kiln::core::fingerprint(&models[1]),
-        "FusedSgd and Sgd trained differently"
+        "kiln's and Burn's optimizer trained differently"
     );
     samples.map(|s| stats(s).median)
 }
@@ -85,21 +101,31 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()?;
-        let [burn, fused] = pool.install(|| measure(width, reps, &device));
-        for (who, seconds) in [("Burn Sgd", burn), ("kiln FusedSgd", fused)] {
+        for (pair, burn_name, kiln_name) in [
+            (sgd_pair as fn() -> [ModuleOptimizer; 2], "Sgd", "FusedSgd"),
+            (adamw_pair, "AdamW", "FusedAdamW"),
+        ] {
+            let [burn, fused] = pool.install(|| measure(width, reps, &device, pair()));
+            for (who, seconds) in [
+                (format!("Burn {burn_name}"), burn),
+                (format!("kiln {kiln_name}"), fused),
+            ] {
+                out.figures.push(Figure::new(
+                    NAME,
+                    format!("w{width} step, {threads} thread(s): {who}"),
+                    seconds * 1e3,
+                    "ms",
+                ));
+            }
             out.figures.push(Figure::new(
                 NAME,
-                format!("w{width} step, {threads} thread(s): {who}"),
-                seconds * 1e3,
-                "ms",
+                format!(
+                    "w{width}, {threads} thread(s): {kiln_name} speed-up over Burn {burn_name}"
+                ),
+                burn / fused,
+                "x",
             ));
         }
-        out.figures.push(Figure::new(
-            NAME,
-            format!("w{width}, {threads} thread(s): FusedSgd speed-up over Burn Sgd"),
-            burn / fused,
-            "x",
-        ));
     }
     Ok(out)
 }

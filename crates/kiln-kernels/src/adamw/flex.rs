@@ -12,7 +12,7 @@ use burn::backend::TensorMetadata;
 use burn::backend::tensor::FloatTensor;
 use rayon::prelude::*;
 
-use super::rule::AdamWCoefficients;
+use super::rule::{AdamWCoefficients, AdamWDecay};
 use crate::activation::flex::readable;
 use crate::simd::simd;
 use crate::update_buffer::UpdateBuffer;
@@ -98,6 +98,30 @@ pub(crate) fn step(
                 )
             });
         Some(max.finish())
+    } else if let Some(keep) = plain_keep(&c) {
+        // The common case (no AMSGrad, no cautious decay) without a branch per element, so
+        // that the loop vectorises: division and square root are slow one at a time.
+        pieces.for_each(|(((p, m1), m2), g)| {
+            simd(
+                #[inline(always)]
+                || {
+                    let lanes = p.iter_mut().zip(m1.iter_mut()).zip(m2.iter_mut()).zip(g);
+                    if first {
+                        for (((p, m1), m2), &g) in lanes {
+                            (*m1, *m2) = (g * c.factor_1, (g * g) * c.factor_2);
+                            *p = plain_param(&c, keep, *p, *m1, *m2);
+                        }
+                    } else {
+                        for (((p, m1), m2), &g) in lanes {
+                            *m1 = *m1 * c.beta_1 + g * c.factor_1;
+                            *m2 = *m2 * c.beta_2 + (g * g) * c.factor_2;
+                            *p = plain_param(&c, keep, *p, *m1, *m2);
+                        }
+                    }
+                },
+            )
+        });
+        None
     } else {
         pieces.for_each(|(((p, m1), m2), g)| {
             simd(
@@ -115,4 +139,22 @@ pub(crate) fn step(
         None
     };
     (param.finish(), m1.finish(), m2.finish(), max)
+}
+
+/// The factor a parameter is multiplied by before the step when the rule needs no branch per
+/// element (no AMSGrad, no cautious decay); no decay is a factor of 1 (`p · 1 = p` exactly,
+/// as Burn's `AdamW` leaves the parameter as it is).
+fn plain_keep(c: &AdamWCoefficients) -> Option<f32> {
+    match (c.amsgrad, c.decay) {
+        (false, AdamWDecay::None) => Some(1.0),
+        (false, AdamWDecay::Scaled { keep }) => Some(keep),
+        _ => None,
+    }
+}
+
+/// The new parameter from the new moments, as [`AdamWCoefficients::element`] computes it.
+#[inline(always)]
+fn plain_param(c: &AdamWCoefficients, keep: f32, param: f32, m1: f32, m2: f32) -> f32 {
+    let delta = (m1 / c.correction_1) / ((m2 / c.correction_2).sqrt() + c.epsilon);
+    param * keep - delta * c.lr
 }
