@@ -152,9 +152,9 @@ fn plain_keep(c: &AdamWCoefficients) -> Option<f32> {
     }
 }
 
-/// The new parameter from the new moments, as [`AdamWCoefficients::element`] computes it.
+/// The new parameter from the new moments, as [`AdamWCoefficients::element`] computes it
+/// (the same `delta`).
 #[inline(always)]
 fn plain_param(c: &AdamWCoefficients, keep: f32, param: f32, m1: f32, m2: f32) -> f32 {
-    let delta = (m1 / c.correction_1) / ((m2 / c.correction_2).sqrt() + c.epsilon);
-    param * keep - delta * c.lr
+    param * keep - c.delta(m1, m2) * c.lr
 }

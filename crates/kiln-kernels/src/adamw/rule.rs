@@ -103,6 +103,13 @@ impl AdamWCoefficients {
         }
     }
 
+    /// The step's direction from the new first moment and the second moment it divides by:
+    /// `m̂₁ / (√m̂₂ + ε)`, both corrected for their bias.
+    #[inline(always)]
+    pub(crate) fn delta(&self, moment_1: f32, second: f32) -> f32 {
+        (moment_1 / self.correction_1) / ((second / self.correction_2).sqrt() + self.epsilon)
+    }
+
     /// One element's step. `moments`: the previous step's first and second moments (`None`
     /// on the first step: they start from the gradient); `max_moment_2`: AMSGrad's running
     /// maximum (`None` when there is none yet: it starts as the second moment).
@@ -129,8 +136,7 @@ impl AdamWCoefficients {
             (true, None) => moment_2,
         };
         let second = if self.amsgrad { max_moment_2 } else { moment_2 };
-        let delta =
-            (moment_1 / self.correction_1) / ((second / self.correction_2).sqrt() + self.epsilon);
+        let delta = self.delta(moment_1, second);
         let decayed = match self.decay {
             AdamWDecay::None => param,
             AdamWDecay::Scaled { keep } => param * keep,
