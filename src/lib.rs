@@ -18,8 +18,10 @@
 //! - [`checkpoint`] — checkpoints written atomically with checksums, and exact resume.
 //! - [`resnet`] — the ResNet family.
 //! - [`gpt`] — a GPT-style transformer language model (tied head, segmented by block).
+//! - [`doctor`] — what this build and machine can do (features, CPU, devices, CUDA, MPI),
+//!   with a fix for each problem.
 //!
-//! See the README for a tour and `examples/resnet_ddp.rs` for a complete program.
+//! See the README for a tour and `examples/resnet_ddp/` for a complete program.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -28,6 +30,9 @@
 pub struct ReadmeDoctests;
 
 pub use burn;
+
+pub mod doctor;
+
 pub use kiln_amp as amp;
 pub use kiln_checkpoint as checkpoint;
 pub use kiln_comm as comm;

@@ -17,7 +17,7 @@ use burn::module::Module;
 use burn::tensor::Device;
 use clap::Parser;
 use kiln::amp::{MixedPrecision, Precision};
-use kiln::checkpoint::{ResumeFrom, start_from};
+use kiln::checkpoint::{RunOptions, start_from};
 use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
@@ -116,16 +116,10 @@ pub struct Args {
     /// on it, counting a tied embedding once).
     #[arg(long)]
     clip_grad_norm: Option<f32>,
-    /// Where checkpoints go (the newest 3 kept); with --checkpoint-every.
-    #[arg(long)]
-    checkpoint_dir: Option<std::path::PathBuf>,
-    /// Save a checkpoint every this many steps (and at the end).
-    #[arg(long)]
-    checkpoint_every: Option<usize>,
-    /// Start from `latest` (the newest checkpoint in --checkpoint-dir that verifies) or from
-    /// a checkpoint's path, under any plan.
-    #[arg(long)]
-    resume: Option<ResumeFrom>,
+    /// The run's directory, checkpoints, resume and restarts (`--run-dir`,
+    /// `--checkpoint-every`, `--keep`, `--resume`, `--max-restarts`), under any plan.
+    #[command(flatten)]
+    run: RunOptions,
     /// ZeRO-1: each data-parallel replica keeps the optimizer state of its share of the
     /// parameters (AdamW's two moments: 2/3 of the training state) and updates only those.
     #[arg(long)]
@@ -175,7 +169,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => TextCorpus::jargon_file(),
     };
     let (train, held_out) = corpus.split(0.05)?;
-    checkpoints::check(&args)?;
+    args.run.check()?;
     let request = plan_request(&args)?;
     if args
         .clip_grad_norm
@@ -184,7 +178,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--clip-grad-norm must be positive and finite".into());
     }
     let identity = checkpoints::identity(&args, corpus.name());
-    let from = checkpoints::resume_from(&args)?;
+    let from = args.run.resume_from()?;
+    if let Some(path) = &from {
+        println!("resume: {}", path.display());
+    }
     let config = GptConfig::new(
         checkpoints::BYTE_VOCABULARY,
         args.context,
@@ -220,21 +217,26 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         schedule,
         identity,
         from,
+        stop: args.run.stop_on_sigterm()?,
     };
     let layout = choose_layout(&args, &data, request, (&specs, &devices))?;
     println!("plan: {}", layout.0);
     let started = Instant::now();
-    let ((report, model), measured) = match layout.1 {
-        None => {
-            let (report, model) = data_parallel(&args, &data, devices.clone())?;
-            // The median step after the first (0 with one step: nothing to compare).
-            let measured = report
-                .median_step_seconds(args.batch_size / devices.len())
-                .unwrap_or(0.0);
-            ((report, model), measured)
+    // A failed attempt restarts from the latest checkpoint (--max-restarts).
+    let attempt = |from: Option<&std::path::Path>| -> Result<_, Box<dyn std::error::Error>> {
+        match &layout.1 {
+            None => {
+                let (report, model) = data_parallel(&args, &data, from, devices.clone())?;
+                // The median step after the first (0 with one step: nothing to compare).
+                let measured = report
+                    .median_step_seconds(args.batch_size / devices.len())
+                    .unwrap_or(0.0);
+                Ok(((report, model), measured))
+            }
+            Some(stages) => pipelined(&args, &data, from, devices.clone(), stages),
         }
-        Some(stages) => pipelined(&args, &data, devices, &stages)?,
     };
+    let ((report, model), measured) = args.run.with_restarts(data.from.clone(), attempt)?;
     let seconds = started.elapsed().as_secs_f64();
     if let Some(predicted) = layout.2 {
         println!(
@@ -281,6 +283,8 @@ struct Data {
     identity: kiln::checkpoint::RunIdentity,
     /// The checkpoint it starts from.
     from: Option<std::path::PathBuf>,
+    /// Raised by SIGTERM when the run has a directory: stop at the next step, saved.
+    stop: Option<kiln::train::StopFlag>,
 }
 
 impl Data {
@@ -305,6 +309,7 @@ impl Data {
 fn data_parallel(
     args: &Args,
     data: &Data,
+    from: Option<&std::path::Path>,
     devices: Vec<Device>,
 ) -> Result<(TrainReport, Gpt), Box<dyn std::error::Error>> {
     let replicas = devices.len();
@@ -328,14 +333,8 @@ fn data_parallel(
         // Under ZeRO-1 the optimizer keeps (and resumes) its own parameters' state only.
         let owned = replica.optimizer_shard(&model);
         // Every replica resumes from the checkpoint (they hold the same state).
-        let start = start_from(
-            data.from.as_deref(),
-            &data.identity,
-            model,
-            optimizer,
-            owned.as_deref(),
-        )
-        .map_err(kiln::train::TrainError::checkpoint)?;
+        let start = start_from(from, &data.identity, model, optimizer, owned.as_deref())
+            .map_err(kiln::train::TrainError::checkpoint)?;
         let (model, optimizer, position) = (start.model, start.optimizer, start.position);
         let model = replica.broadcast_module(model)?;
         let mut step = replica.overlapped_step_with(LanguageModeling);
@@ -359,12 +358,18 @@ fn data_parallel(
             .resume_at(position)
             .progress(primary && !args.quiet)
             .log_epochs(primary);
-        if let Some(saver) = checkpoints::saver(args, &data.identity) {
+        if let Some(saver) = args.run.checkpointer(&data.identity) {
             let saver = saver.for_replica(replica.rank(), replica.world_size(), owned.is_some());
             trainer = trainer.checkpoint(saver);
         }
+        if let Some(flag) = &data.stop {
+            trainer = trainer.stop_flag(flag.clone());
+        }
         if primary {
             trainer = trainer.valid_loader(data.held_out_windows(replica.device().clone())?);
+            if let Some(log) = args.run.run_log(&position)? {
+                trainer = trainer.observer(log);
+            }
         }
         trainer.build()?.fit()
     })?;
@@ -377,6 +382,7 @@ fn data_parallel(
 fn pipelined(
     args: &Args,
     data: &Data,
+    from: Option<&std::path::Path>,
     devices: Vec<Device>,
     stages: &Stages,
 ) -> Result<((TrainReport, Gpt), f64), Box<dyn std::error::Error>> {
@@ -410,11 +416,19 @@ fn pipelined(
         .valid_loader(data.held_out_windows(devices[0].clone())?)
         .progress(!args.quiet)
         .log_epochs(true);
-    if let Some(saver) = checkpoints::saver(args, &data.identity) {
+    if let Some(saver) = args.run.checkpointer(&data.identity) {
         pipeline = pipeline.checkpoint(saver);
     }
-    if let Some(path) = &data.from {
+    let mut position = kiln::train::TrainPosition::default();
+    if let Some(path) = from {
+        position = kiln::checkpoint::Manifest::read(path)?.position.into();
         pipeline = pipeline.resume(path, data.identity.clone());
+    }
+    if let Some(flag) = &data.stop {
+        pipeline = pipeline.stop_flag(flag.clone());
+    }
+    if let Some(log) = args.run.run_log(&position)? {
+        pipeline = pipeline.observer(log);
     }
     let report = pipeline.train(
         |device: &Device| data.build(args.seed, device),

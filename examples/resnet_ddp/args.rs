@@ -332,28 +332,10 @@ pub struct Args {
     /// Write the chosen plan as JSON here (load it back with --plan FILE.json).
     #[arg(long)]
     pub save_plan: Option<std::path::PathBuf>,
-    /// The run's directory: `metrics.jsonl` (every step and epoch), `curves.svg` (loss,
-    /// accuracy and learning rate, redrawn every epoch), `config.txt`, `plan.json`, and
-    /// checkpoints (`checkpoints/step-N/`, the newest --keep kept; without
-    /// --checkpoint-every, one at the end).
-    #[arg(long)]
-    pub run_dir: Option<std::path::PathBuf>,
-    /// Save a checkpoint every N optimizer steps (and after the last), into --run-dir.
-    #[arg(long, value_parser = positive())]
-    pub checkpoint_every: Option<usize>,
-    /// Checkpoints kept in --run-dir (the newest).
-    #[arg(long, default_value_t = 3, value_parser = positive())]
-    pub keep: usize,
-    /// Resume from `latest` (the newest complete checkpoint in --run-dir; none yet: start
-    /// fresh and say so) or from a checkpoint directory. The model, data and every option
-    /// that changes the arithmetic must match the checkpoint's.
-    #[arg(long)]
-    pub resume: Option<String>,
-    /// When a replica fails (an error or a panic), restart the run from the latest checkpoint
-    /// in --run-dir, up to this many times (in-process runs; an MPI job restarts through the
-    /// `launch` subcommand).
-    #[arg(long, default_value_t = 0)]
-    pub max_restarts: usize,
+    /// The run's directory, checkpoints, resume and restarts (`--run-dir`,
+    /// `--checkpoint-every`, `--keep`, `--resume`, `--max-restarts`).
+    #[command(flatten)]
+    pub run: kiln::checkpoint::RunOptions,
     /// Fault injection for testing restarts: `panic-at-step:N` makes the last replica panic
     /// at optimizer step N (with --pipeline: every pipeline's last stage), once per process,
     /// and only in a job's first launch (`launch` relaunches it without the fault).

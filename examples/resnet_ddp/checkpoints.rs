@@ -1,55 +1,31 @@
-//! `--run-dir`, `--checkpoint-every`, `--resume`: the run (data parallel or pipelined)
-//! recorded, saved and resumed.
-
-use std::path::PathBuf;
+//! The run (data parallel or pipelined) recorded, saved and resumed: what identifies it, and
+//! the option whose state a checkpoint does not hold. `--run-dir` and the other checkpoint
+//! options are kiln's `RunOptions`.
 
 use burn::optim::ModuleOptimizer;
-use kiln::checkpoint::{
-    CheckpointError, CheckpointStore, Checkpointer, Restarts, ResumeFrom, RunIdentity, RunStart,
-    start_from,
-};
+use kiln::checkpoint::{Checkpointer, RunIdentity, RunStart, start_from};
 use kiln::resnet::ResNet;
-use kiln::train::{RunLog, TrainError, TrainPosition};
+use kiln::train::TrainError;
 
-use crate::args::Args;
+use crate::args::{Args, CommArg};
 
-/// The options whose state a checkpoint does not hold yet (set ones, by flag): local SGD's
-/// replicas, which differ between averagings.
-fn unsupported(args: &Args) -> Vec<&'static str> {
-    [(args.local_sgd.is_some(), "--local-sgd")]
-        .into_iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, name)| name)
-        .collect()
-}
-
-/// Refuses checkpoint options this run cannot honour, and checkpoint options without
-/// --run-dir.
-pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
-    if args.checkpoint_every.is_some() && args.run_dir.is_none() {
-        return Err("--checkpoint-every needs --run-dir (where the checkpoints go)".into());
-    }
-    if args.resume.as_deref() == Some("latest") && args.run_dir.is_none() {
-        return Err("--resume latest needs --run-dir (where to look)".into());
-    }
-    if args.max_restarts > 0 && args.checkpoint_every.is_none() {
-        return Err("--max-restarts needs --run-dir and --checkpoint-every (restarts resume from the latest checkpoint)".into());
-    }
-    if args.max_restarts > 0 && args.comm == crate::args::CommArg::Mpi {
+/// Refuses checkpoint options this run cannot honour: local SGD's replicas differ between
+/// averagings, which a checkpoint does not hold yet.
+pub fn refuse_conflicts(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let run = &args.run;
+    run.check()?;
+    if run.max_restarts > 0 && args.comm == CommArg::Mpi {
         return Err("--max-restarts restarts in-process runs; an MPI job restarts from outside mpirun: `resnet_ddp launch --max-restarts N -- mpirun ... --resume latest`".into());
     }
-    let named = unsupported(args);
-    if (args.checkpoint_every.is_some() || args.resume.is_some()) && !named.is_empty() {
-        return Err(format!(
-            "checkpoints (--checkpoint-every, --resume) do not support {} yet: replicas differ between averagings",
-            named.join(", ")
-        ));
-    }
-    if args.run_dir.is_some() && !named.is_empty() {
-        println!(
-            "note: --run-dir records metrics and curves; no checkpoint is saved with {} (not supported yet)",
-            named.join(", ")
-        );
+    if args.local_sgd.is_some() {
+        if run.checkpoint_every.is_some() || run.resume.is_some() {
+            return Err("checkpoints (--checkpoint-every, --resume) do not support --local-sgd yet: replicas differ between averagings".into());
+        }
+        if run.run_dir.is_some() {
+            println!(
+                "note: --run-dir records metrics and curves; no checkpoint is saved with --local-sgd (not supported yet)"
+            );
+        }
     }
     Ok(())
 }
@@ -84,73 +60,24 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
     .with("precision", format!("{:?}", args.amp))
 }
 
-/// The checkpoint to resume from, if any (`--resume latest` without one: none, said).
-pub fn resume_from(args: &Args) -> Result<Option<PathBuf>, String> {
-    let from = args
-        .resume
-        .as_deref()
-        .map_or(ResumeFrom::Fresh, |text| match text.parse() {
-            Ok(from) => from,
-            Err(never) => match never {},
-        });
-    let store = store(args);
-    let resolved = from.resolve(store.as_ref()).map_err(|err| match err {
-        CheckpointError::Occupied { .. } => {
-            format!("{err} (--resume latest continues it; or pass another --run-dir)")
-        }
-        err => err.to_string(),
-    })?;
-    if let (ResumeFrom::Latest, None, Some(store)) = (&from, &resolved, &store) {
-        println!(
-            "resume: no checkpoint in {} yet, starting fresh",
-            store.dir().display()
-        );
-    }
-    Ok(resolved)
-}
-
-/// Runs `attempt` (from `start`), restarted from the latest checkpoint after a failure up to
-/// `--max-restarts` times (checked: restarts have a run directory to resume from).
-pub fn with_restarts<T>(
-    args: &Args,
-    start: Option<PathBuf>,
-    mut attempt: impl FnMut(Option<&std::path::Path>) -> Result<T, Box<dyn std::error::Error>>,
-) -> Result<T, Box<dyn std::error::Error>> {
-    match store(args) {
-        Some(store) => Restarts::new(&store, args.max_restarts).run(start, attempt),
-        // Without a run directory nothing restarts (checked by `refuse_conflicts`).
-        None => attempt(start.as_deref()),
-    }
-}
-
-fn store(args: &Args) -> Option<CheckpointStore> {
-    args.run_dir
-        .as_ref()
-        .map(|dir| CheckpointStore::new(dir.join("checkpoints"), args.keep))
-}
-
-/// A replica's checkpointer, if the run has a directory and its state can be saved.
-pub fn saver(args: &Args, identity: &RunIdentity, devices: &str) -> Option<Checkpointer> {
-    if !unsupported(args).is_empty() {
+/// A checkpointer, if the run has a directory and its state can be saved.
+pub fn saver(args: &Args, identity: &RunIdentity) -> Option<Checkpointer> {
+    if args.local_sgd.is_some() {
         return None;
     }
-    store(args).map(|store| {
-        Checkpointer::new(store, args.checkpoint_every.unwrap_or(0), identity.clone())
-            .layout("devices", devices)
-    })
+    let saver = args.run.checkpointer(identity)?;
+    Some(saver.layout("devices", &args.devices))
 }
 
-/// Where a replica starts: `--resume`'s checkpoint (said by the primary replica), or fresh;
-/// `owned`: the parameters whose optimizer state it keeps (ZeRO-1), all when `None`.
+/// Where a replica starts: `from` (said by the primary replica), or fresh; `owned`: the
+/// parameters whose optimizer state it keeps (ZeRO-1), all when `None`.
 pub fn start(
-    setup: &crate::Setup,
+    from: Option<&std::path::Path>,
     identity: &RunIdentity,
-    model: ResNet,
-    optimizer: ModuleOptimizer,
+    (model, optimizer): (ResNet, ModuleOptimizer),
     owned: Option<&[String]>,
     primary: bool,
 ) -> Result<RunStart<ResNet>, TrainError> {
-    let from = setup.resume_from.as_deref();
     let start =
         start_from(from, identity, model, optimizer, owned).map_err(TrainError::checkpoint)?;
     if primary && let Some(path) = &start.resumed_from {
@@ -166,47 +93,10 @@ pub fn start(
     Ok(start)
 }
 
-/// The primary replica's log of metrics and curves in the run directory, continuing from
-/// `position` (a resumed run keeps its earlier lines).
-pub fn run_log(args: &Args, position: &TrainPosition) -> Result<Option<RunLog>, TrainError> {
-    args.run_dir
-        .as_ref()
-        .map(|dir| RunLog::open(dir, position.step))
-        .transpose()
-}
-
 /// Writes the resolved options (and the plan, when there is one) into the run directory.
 pub fn record_config(args: &Args, plan: Option<&kiln::planner::Plan>) -> Result<(), String> {
-    let Some(dir) = &args.run_dir else {
-        return Ok(());
-    };
-    std::fs::create_dir_all(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
-    let config = dir.join("config.txt");
-    std::fs::write(&config, format!("{args:#?}\n"))
-        .map_err(|err| format!("{}: {err}", config.display()))?;
-    if let Some(plan) = plan {
-        let path = dir.join("plan.json");
-        std::fs::write(&path, plan.to_json())
-            .map_err(|err| format!("{}: {err}", path.display()))?;
-    }
-    Ok(())
-}
-
-/// With a run directory, SIGTERM (a preempted job) stops training at the next step with a
-/// checkpoint, and the process exits cleanly.
-pub fn stop_on_sigterm(args: &Args) -> Result<Option<kiln::train::StopFlag>, String> {
-    // Without a checkpoint to save, SIGTERM keeps its default meaning (end the process).
-    if args.run_dir.is_none() || !unsupported(args).is_empty() {
-        return Ok(None);
-    }
-    #[cfg(unix)]
-    {
-        kiln::train::StopFlag::on_sigterm()
-            .map(Some)
-            .map_err(|err| format!("installing the SIGTERM handler: {err}"))
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(None)
-    }
+    let record =
+        |name: &str, text: String| args.run.record(name, &text).map_err(|err| err.to_string());
+    record("config.txt", format!("{args:#?}\n"))?;
+    plan.map_or(Ok(()), |plan| record("plan.json", plan.to_json()))
 }

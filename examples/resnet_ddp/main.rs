@@ -28,7 +28,6 @@ use kiln::train::TrainReport;
 mod args;
 mod checkpoints;
 mod conflicts;
-mod doctor;
 mod launch;
 mod pipeline;
 mod planning;
@@ -65,7 +64,13 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let passed = match &args.command {
-        Some(args::Command::Doctor) => Some(doctor::run(&args)),
+        Some(args::Command::Doctor) => {
+            let checkup = kiln::doctor::Doctor::new(&args.devices)
+                .require_mpi(args.comm == CommArg::Mpi)
+                .check();
+            print!("{checkup}");
+            Some(checkup.passed())
+        }
         Some(args::Command::Selftest) => Some(selftest::run(&args.devices)),
         Some(args::Command::Launch {
             max_restarts,
@@ -148,8 +153,12 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         valid_transforms: data.valid_transforms,
         model,
         planned_batches: None,
-        resume_from: checkpoints::resume_from(&args)?,
-        stop: checkpoints::stop_on_sigterm(&args)?,
+        resume_from: args.run.resume_from()?,
+        // Without a checkpoint to save, SIGTERM keeps its meaning (end the process).
+        stop: match args.local_sgd {
+            Some(_) => None,
+            None => args.run.stop_on_sigterm()?,
+        },
     };
     if let Some(stages) = args.pipeline {
         checkpoints::record_config(&args, None)?;
@@ -182,13 +191,14 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         CommArg::Local => {
             announce(&args, &setup, devices.len(), &args.devices);
             let start = setup.resume_from.clone();
-            checkpoints::with_restarts(&args, start, |from| {
-                setup.resume_from = from.map(std::path::Path::to_path_buf);
-                let run = DataParallel::new(devices.clone())
-                    .config(config.clone())
-                    .run(|replica| train_replica(replica, &args, &setup))?;
-                Ok(run)
-            })?
+            args.run
+                .with_restarts(start, |from| -> Result<_, Box<dyn std::error::Error>> {
+                    setup.resume_from = from.map(std::path::Path::to_path_buf);
+                    let run = DataParallel::new(devices.clone())
+                        .config(config.clone())
+                        .run(|replica| train_replica(replica, &args, &setup))?;
+                    Ok(run)
+                })?
         }
         CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };

@@ -56,7 +56,7 @@ pub fn run_restarting(
     shape: PipelineRun,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let start = setup.resume_from.clone();
-    crate::checkpoints::with_restarts(args, start, |from| {
+    args.run.with_restarts(start, |from| {
         setup.resume_from = from.map(std::path::Path::to_path_buf);
         run(args, setup, devices.clone(), shape.clone())
     })
@@ -138,7 +138,7 @@ fn run(
         .valid_loader(valid_loader)
         .progress(primary && !args.quiet)
         .log_epochs(primary);
-    if let Some(saver) = crate::checkpoints::saver(args, &identity, &args.devices) {
+    if let Some(saver) = crate::checkpoints::saver(args, &identity) {
         pipeline = pipeline.checkpoint(saver.layout(
             "plan",
             format!("{groups} x {stages}-stage pipeline, {kind}, {micro_batches} micro-batches"),
@@ -163,7 +163,7 @@ fn run(
         pipeline = pipeline.stop_flag(flag.clone());
     }
     // Every process sees the same losses (summed over the world): rank 0 logs them.
-    if primary && let Some(log) = crate::checkpoints::run_log(args, &start)? {
+    if primary && let Some(log) = args.run.run_log(&start)? {
         pipeline = pipeline.observer(log);
     }
     if let Some(world) = world {

@@ -109,10 +109,9 @@ pub(crate) fn train_replica(
     // Under ZeRO-1 the optimizer keeps (and resumes) the state of its own parameters only.
     let owned = replica.optimizer_shard(&model);
     let start = checkpoints::start(
-        setup,
+        setup.resume_from.as_deref(),
         &identity,
-        model,
-        optimizer,
+        (model, optimizer),
         owned.as_deref(),
         primary,
     )?;
@@ -132,7 +131,7 @@ pub(crate) fn train_replica(
         .resume_at(position)
         .progress(primary && !args.quiet)
         .log_epochs(primary);
-    if let Some(saver) = checkpoints::saver(args, &identity, &args.devices) {
+    if let Some(saver) = checkpoints::saver(args, &identity) {
         builder = builder.checkpoint(saver.for_replica(
             replica.rank(),
             replica.world_size(),
@@ -216,7 +215,7 @@ fn primary_extras<S: GradientStep<ResNet, ImageBatch>>(
     setup: &Setup,
     position: &TrainPosition,
 ) -> Result<TrainerBuilder<ResNet, S>, TrainError> {
-    if let Some(log) = checkpoints::run_log(args, position)? {
+    if let Some(log) = args.run.run_log(position)? {
         builder = builder.observer(log);
     }
     if let Some(file) = &args.profile_kernels {

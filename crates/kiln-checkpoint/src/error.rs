@@ -39,6 +39,12 @@ pub enum CheckpointError {
         /// Its newest checkpoint.
         latest: PathBuf,
     },
+    /// The run's checkpoint options cannot be honoured together (or one is out of range).
+    #[error("{reason}")]
+    Options {
+        /// Which options, and why.
+        reason: String,
+    },
     /// There is nothing to resume from where a checkpoint was named.
     #[error("no checkpoint at {}", path.display())]
     Missing {

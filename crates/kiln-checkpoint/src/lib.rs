@@ -8,6 +8,9 @@
 //!   state, each parameter's id, and where the run stood.
 //! - [`ResumeFrom`]: where a run starts (fresh, the latest whole checkpoint, a named one);
 //!   [`Restarts`]: a failed attempt run again from the newest checkpoint that verifies.
+//! - [`RunOptions`]: a run directory's options (`--run-dir`, `--checkpoint-every`, `--keep`,
+//!   `--resume`, `--max-restarts`; a clap `Args` with the `clap` feature), checked together
+//!   and turned into all of the above.
 //! - [`resume`]: the model, optimizer and position back, after checking the files and that
 //!   the checkpoint is of this run ([`RunIdentity`]: the model and the options that change
 //!   the arithmetic); the trainer continues with the batches not yet seen.
@@ -58,6 +61,9 @@ mod relaunch;
 mod restart;
 #[cfg(test)]
 mod restart_tests;
+mod run_options;
+#[cfg(test)]
+mod run_options_tests;
 mod snapshot;
 mod stage_part_files;
 #[cfg(test)]
@@ -77,6 +83,7 @@ pub use optimizer_parts::{join_optimizer_parts, optimizer_part_bytes, optimizer_
 pub use parts::PartsToCollect;
 pub use relaunch::{LAUNCH_VARIABLE, Relaunch, RelaunchError, RelaunchReport, launch_number};
 pub use restart::{Restarts, ResumeFrom};
+pub use run_options::RunOptions;
 pub use snapshot::{
     assign_param_ids, model_bytes, optimizer_bytes, param_ids, restore_model, restore_optimizer,
 };

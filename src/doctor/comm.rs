@@ -2,10 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use kiln::comm::{Communicator, InProcessGroup, ReduceOp};
+use crate::comm::{Communicator, InProcessGroup, ReduceOp};
 
 use super::report::{Row, Status, bounded, row};
-use crate::args::{Args, CommArg};
 
 /// The all-reduce rate of `comm` on `elements` f32s over about a second, in bytes per second
 /// (algorithm bandwidth: buffer bytes ÷ time per all-reduce). Rank 0 decides when to stop
@@ -58,13 +57,13 @@ pub(super) fn in_process_bandwidth() -> Row {
 }
 
 #[cfg(feature = "mpi")]
-pub(super) fn mpi_rows(args: &Args) -> Vec<Row> {
-    use kiln::comm::MpiCommunicator;
+pub(super) fn mpi_rows(required: bool) -> Vec<Row> {
+    use crate::comm::MpiCommunicator;
     let version = MpiCommunicator::library_version();
     let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()
         .any(|var| std::env::var_os(var).is_some());
-    if args.comm != CommArg::Mpi && !launched {
+    if !required && !launched {
         return vec![row(
             "mpi",
             Status::Note,
@@ -108,12 +107,8 @@ pub(super) fn mpi_rows(args: &Args) -> Vec<Row> {
 }
 
 #[cfg(not(feature = "mpi"))]
-pub(super) fn mpi_rows(args: &Args) -> Vec<Row> {
+pub(super) fn mpi_rows(required: bool) -> Vec<Row> {
     let fix = "apt-get install libopenmpi-dev openmpi-bin, then cargo build --release --features mpi --example resnet_ddp";
-    let status = if args.comm == CommArg::Mpi {
-        Status::Fail
-    } else {
-        Status::Skip
-    };
+    let status = if required { Status::Fail } else { Status::Skip };
     vec![row("mpi", status, "not built in").fix(fix)]
 }

@@ -115,7 +115,7 @@ pub(super) fn gpu_rows() -> Vec<Row> {
         rows.push(backend_row(
             "cuda",
             burn::tensor::DeviceType::Cuda,
-            kiln::core::CUDA_FIX,
+            crate::core::CUDA_FIX,
         ));
     } else {
         rows.push(row("cuda", Status::Skip, "not built in").fix(
@@ -128,7 +128,7 @@ pub(super) fn gpu_rows() -> Vec<Row> {
         rows.push(backend_row(
             "wgpu",
             burn::tensor::DeviceType::Wgpu,
-            kiln::core::WGPU_FIX,
+            crate::core::WGPU_FIX,
         ));
     }
     #[cfg(not(feature = "wgpu-bare"))]
@@ -190,7 +190,7 @@ fn wgpu_adapter_row() -> Row {
     });
     match adapters {
         Ok(list) if list.is_empty() => {
-            row("wgpu adapters", Status::Fail, "none").fix(kiln::core::WGPU_FIX)
+            row("wgpu adapters", Status::Fail, "none").fix(crate::core::WGPU_FIX)
         }
         Ok(list) => {
             let names = list
@@ -205,6 +205,6 @@ fn wgpu_adapter_row() -> Row {
                     .fix("install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers libvulkan1)")
             }
         }
-        Err(why) => row("wgpu adapters", Status::Fail, why).fix(kiln::core::WGPU_FIX),
+        Err(why) => row("wgpu adapters", Status::Fail, why).fix(crate::core::WGPU_FIX),
     }
 }

@@ -2,25 +2,31 @@
 
 use std::time::Duration;
 
-use kiln::core::panic_message;
+use crate::core::panic_message;
 
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Status {
+pub enum Status {
+    /// Works.
     Ok,
     /// Works, with a caveat.
-    #[cfg_attr(not(any(feature = "mpi", feature = "wgpu-bare")), allow(dead_code))]
     Note,
     /// Not built in or not applicable here.
     Skip,
+    /// Does not work.
     Fail,
 }
 
 /// One row of the report.
-pub(super) struct Row {
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// What was checked: `device`, `mpi`, `all-reduce`, ...
     pub area: &'static str,
+    /// How it came out.
     pub status: Status,
+    /// What was found.
     pub detail: String,
+    /// How to fix a problem, when there is one.
     pub fix: Option<String>,
 }
 

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use crate::core::DeviceSpec;
 use burn::tensor::{Device, Tensor};
-use kiln::core::DeviceSpec;
 
 use super::report::{Row, Status, bounded, row};
 
