@@ -110,8 +110,8 @@ pub struct Args {
     #[arg(long, default_value_t = 240)]
     sample: usize,
     /// Compute precision: f32, or f16 (loss-scaled) or bf16 compute on f32 master weights.
-    #[arg(long, value_enum, default_value_t = AmpArg::F32)]
-    amp: AmpArg,
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    amp: Precision,
     /// Clip gradients to this global norm (over every parameter; a pipeline's stages agree
     /// on it, counting a tied embedding once).
     #[arg(long)]
@@ -127,25 +127,6 @@ pub struct Args {
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
-}
-
-/// `--amp`'s values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum AmpArg {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl AmpArg {
-    /// The mixed precision this option names.
-    fn precision(self) -> MixedPrecision {
-        MixedPrecision::new(match self {
-            AmpArg::F32 => Precision::F32,
-            AmpArg::F16 => Precision::F16,
-            AmpArg::Bf16 => Precision::Bf16,
-        })
-    }
 }
 
 fn main() -> ExitCode {
@@ -239,12 +220,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let ((report, model), measured) = args.run.with_restarts(data.from.clone(), attempt)?;
     let seconds = started.elapsed().as_secs_f64();
     if let Some(predicted) = layout.2 {
-        println!(
-            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
-            predicted * 1e3,
-            measured * 1e3,
-            100.0 * (measured / predicted - 1.0)
-        );
+        let measured = (measured > 0.0).then_some(measured);
+        println!("{}", kiln::planner::prediction_line(predicted, measured));
     }
     // A resumed run trains from its checkpoint's step.
     let first = match &data.from {
@@ -322,7 +299,7 @@ fn data_parallel(
     }
     let config = DdpConfig {
         divergence_check_every: args.check_every,
-        precision: args.amp.precision(),
+        precision: MixedPrecision::new(args.amp),
         max_grad_norm: args.clip_grad_norm,
         zero1: args.zero1,
         ..DdpConfig::default()
@@ -400,7 +377,7 @@ fn pipelined(
         data_parallel: stages.data_parallel,
         gradient_checkpointing: stages.recompute,
         check_every: args.check_every,
-        precision: args.amp.precision(),
+        precision: MixedPrecision::new(args.amp),
         max_grad_norm: args.clip_grad_norm,
         ..PipelineConfig::default()
     };

@@ -3,6 +3,8 @@
 
 use clap::{Parser, ValueEnum};
 use kiln::amp::Precision;
+use kiln::ddp::{Compression, GradientPath};
+use kiln::train::LrScaling;
 
 /// Counts that must be at least one (batch sizes, periods, widths, ...).
 fn positive() -> impl clap::builder::TypedValueParser<Value = usize> {
@@ -56,71 +58,6 @@ fn worker_count(text: &str) -> Result<usize, String> {
         )),
         Ok(count) => Ok(count),
         Err(err) => Err(format!("not a count: {err}")),
-    }
-}
-
-/// Gradient element type on the wire.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompressionArg {
-    F32,
-    F16,
-    Bf16,
-}
-
-/// Where gradients wait for their all-reduce.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GradientPathArg {
-    Auto,
-    Host,
-    Device,
-}
-
-/// Compute precision.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AmpArg {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl AmpArg {
-    /// The precision this option names.
-    pub fn precision(self) -> Precision {
-        match self {
-            AmpArg::F32 => Precision::F32,
-            AmpArg::F16 => Precision::F16,
-            AmpArg::Bf16 => Precision::Bf16,
-        }
-    }
-}
-
-/// How the learning rate follows the global batch.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LrScalingArg {
-    /// --lr as given.
-    None,
-    /// --lr is the rate for a global batch of 256, scaled in proportion (Goyal et al.).
-    Linear,
-}
-
-impl LrScalingArg {
-    /// The peak rate for `global_batch` samples per optimizer step.
-    pub fn lr(self, lr: f64, global_batch: usize) -> f64 {
-        match self {
-            LrScalingArg::None => lr,
-            LrScalingArg::Linear => kiln::train::linear_scaled_lr(lr, global_batch),
-        }
-    }
-
-    /// How the rate was reached, for the run's header.
-    pub fn describe(self, lr: f64, global_batch: usize) -> String {
-        match self {
-            LrScalingArg::None => format!("lr {lr}"),
-            LrScalingArg::Linear => format!(
-                "lr {lr} x {global_batch}/256 = {} (linear scaling)",
-                self.lr(lr, global_batch)
-            ),
-        }
     }
 }
 
@@ -189,8 +126,8 @@ pub struct Args {
     /// Scale --lr with the global batch: `linear` takes --lr as the rate for 256 samples per
     /// step and multiplies it by global batch / 256 (Goyal et al., 2017; the warm-up over the
     /// first tenth of training stays).
-    #[arg(long, value_enum, default_value_t = LrScalingArg::None)]
-    pub lr_scaling: LrScalingArg,
+    #[arg(long, value_enum, default_value_t = LrScaling::None)]
+    pub lr_scaling: LrScaling,
     /// Seed for initialisation, shuffling and augmentation.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -201,8 +138,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub accumulation: usize,
     /// Gradient all-reduce element type.
-    #[arg(long, value_enum, default_value_t = CompressionArg::F32)]
-    pub compression: CompressionArg,
+    #[arg(long, value_enum, default_value_t = Compression::None)]
+    pub compression: Compression,
     /// Local SGD: average parameters every N steps instead of all-reducing gradients.
     #[arg(long, value_parser = positive())]
     pub local_sgd: Option<usize>,
@@ -224,8 +161,8 @@ pub struct Args {
     /// Where gradients wait for their all-reduce: `auto` (host buffer on CPU, device buckets
     /// on accelerators), `host`, or `device` (Burn's native NCCL all-reduce when every
     /// replica has its own CUDA device, else one host copy per bucket).
-    #[arg(long, value_enum, default_value_t = GradientPathArg::Auto)]
-    pub gradient_path: GradientPathArg,
+    #[arg(long, value_enum, default_value_t = GradientPath::Auto)]
+    pub gradient_path: GradientPath,
     /// Synchronised batch norm: normalise with the statistics of every replica's batch
     /// (exact backward; backward replays each residual block's forward once).
     #[arg(long)]
@@ -238,8 +175,8 @@ pub struct Args {
     /// saves activation memory, not time: kiln's convolution and batch norm compute half inputs
     /// in f32, so a bf16 step runs at about f32's speed, and an f16 step about 1.8x slower
     /// (Flex's f16 element-wise kernels; see the README's limitations).
-    #[arg(long, value_enum, default_value_t = AmpArg::F32)]
-    pub amp: AmpArg,
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub amp: Precision,
     /// Clip gradients to this global norm (over every parameter, after the all-reduce; over
     /// all shards with --zero1), like PyTorch's `clip_grad_norm_`.
     #[arg(long, value_parser = positive_norm)]

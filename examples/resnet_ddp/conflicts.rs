@@ -3,25 +3,25 @@
 
 use kiln::planner::PlanRequest;
 
-use crate::args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg};
+use kiln::amp::Precision;
+use kiln::ddp::{Compression, GradientPath};
+
+use crate::args::{Args, CommArg};
 
 /// The options only data-parallel training supports (set ones, by flag name).
 pub fn data_parallel_only(args: &Args) -> Vec<&'static str> {
     [
         (args.comm == CommArg::Mpi, "--comm mpi"),
-        (args.amp != AmpArg::F32, "--amp"),
+        (args.amp != Precision::F32, "--amp"),
         (args.zero1, "--zero1"),
         (args.local_sgd.is_some(), "--local-sgd"),
-        (args.compression != CompressionArg::F32, "--compression"),
+        (args.compression != Compression::None, "--compression"),
         (args.sync_bn, "--sync-bn"),
         (args.balance, "--balance"),
         (args.accumulation != 1, "--accumulation"),
         (args.no_overlap, "--no-overlap"),
         (args.bucket_kb != 25 * 1024, "--bucket-kb"),
-        (
-            args.gradient_path != GradientPathArg::Auto,
-            "--gradient-path",
-        ),
+        (args.gradient_path != GradientPath::Auto, "--gradient-path"),
         (args.check_every != 0, "--check-every"),
     ]
     .into_iter()

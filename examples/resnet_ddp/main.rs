@@ -16,14 +16,13 @@ use std::time::Instant;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
-use kiln::amp::{AmpStats, MixedPrecision};
+use kiln::amp::MixedPrecision;
 use kiln::core::DeviceSpec;
 use kiln::data::{Cifar10, ImageSource, SyntheticImages, Transform};
-use kiln::ddp::{Compression, DataParallel, DdpConfig, GradientPath, SyncMode, SyncStats};
+use kiln::ddp::{DataParallel, DdpConfig, SyncMode};
 use kiln::kernels::FusedSgdConfig;
 use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
-use kiln::train::TrainReport;
 
 mod args;
 mod checkpoints;
@@ -43,8 +42,9 @@ use replica::{announce, run_mpi, train_replica};
 #[global_allocator]
 static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllocator;
 
-use args::{AmpArg, Args, CommArg, CompressionArg, GradientPathArg};
+use args::{Args, CommArg};
 use conflicts::refuse_conflicts;
+use kiln::amp::Precision;
 
 fn main() -> ExitCode {
     let process_start = Instant::now();
@@ -118,17 +118,6 @@ struct Setup {
     stop: Option<kiln::train::StopFlag>,
 }
 
-/// What a replica reports back.
-struct Outcome {
-    rank: usize,
-    report: TrainReport,
-    sync: SyncStats,
-    /// How gradients travelled (data-parallel f32 steps).
-    transport: &'static str,
-    amp: Option<AmpStats>,
-    fingerprint: u64,
-}
-
 fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Error>> {
     let specs = DeviceSpec::parse_list(&args.devices)?;
     let devices = specs
@@ -141,7 +130,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     let mut config = ddp_config(&args);
     refuse_conflicts(&args)?;
     checkpoints::refuse_conflicts(&args)?;
-    if args.amp != AmpArg::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
+    if args.amp != Precision::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
         eprintln!(
             "note: --amp on the CPU backend saves activation memory, not time (bf16 steps run at about f32 speed, f16 steps about 1.8x slower: Flex's f16 element-wise kernels)"
         );
@@ -187,7 +176,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         return pipeline::run_restarting(&args, &mut setup, devices, shape);
     }
 
-    let outcomes: Vec<Outcome> = match args.comm {
+    let outcomes = match args.comm {
         CommArg::Local => {
             announce(&args, &setup, devices.len(), &args.devices);
             let start = setup.resume_from.clone();
@@ -202,7 +191,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         }
         CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };
-    report::print_replicas(&args, &outcomes);
+    print!("{}", kiln::ddp::outcome_lines(&outcomes));
     report::print_timing(
         &args,
         &setup,
@@ -259,31 +248,21 @@ impl Data {
 
 /// The data-parallel options the command line asks for.
 fn ddp_config(args: &Args) -> DdpConfig {
-    let compression = match args.compression {
-        CompressionArg::F32 => Compression::None,
-        CompressionArg::F16 => Compression::F16,
-        CompressionArg::Bf16 => Compression::Bf16,
-    };
-    let gradient_path = match args.gradient_path {
-        GradientPathArg::Auto => GradientPath::Auto,
-        GradientPathArg::Host => GradientPath::Host,
-        GradientPathArg::Device => GradientPath::Device,
-    };
     let mode = match args.local_sgd {
         Some(period) => SyncMode::LocalSgd { period },
         None => SyncMode::Gradients,
     };
     DdpConfig {
-        compression,
+        compression: args.compression,
         mode,
         zero1: args.zero1,
         bucket_cap_bytes: args.bucket_kb << 10,
         first_bucket_bytes: (args.bucket_kb << 10) / 4,
         divergence_check_every: args.check_every,
-        gradient_path,
+        gradient_path: args.gradient_path,
         sync_batch_norm: args.sync_bn,
         threads_per_replica: args.threads,
-        precision: MixedPrecision::new(args.amp.precision()),
+        precision: MixedPrecision::new(args.amp),
         max_grad_norm: args.clip_grad_norm,
         ..DdpConfig::default()
     }

@@ -4,7 +4,7 @@
 use burn::tensor::Device;
 use kiln::data::DataLoader;
 use kiln::pipeline::schedule::{Costs, Schedule, simulate};
-use kiln::pipeline::{Pipeline, PipelineConfig, PipelineReport};
+use kiln::pipeline::{Pipeline, PipelineConfig};
 use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
 
@@ -92,6 +92,7 @@ fn run(
         );
     }
     let config = pipeline_config(args, &shape);
+    let summary_config = config.clone();
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
         .batch_size(batch_size)
         .num_workers(args.workers)
@@ -106,7 +107,7 @@ fn run(
         .steps
         .unwrap_or(args.epochs * (loader.num_batches() / (groups * args.accumulation)));
     let step_samples = groups * batch_size * args.accumulation;
-    if args.lr_scaling != crate::args::LrScalingArg::None {
+    if args.lr_scaling != kiln::train::LrScaling::None {
         say!("{}", args.lr_scaling.describe(args.lr, step_samples));
     }
     let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
@@ -171,7 +172,17 @@ fn run(
     }
     let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
     if primary {
-        print_report(args, &shape, &report)?;
+        print!(
+            "{}",
+            report.summary(&summary_config, stages, groups * batch_size)?
+        );
+        if let Some(predicted) = shape.predicted_step {
+            let measured = report.step_time.as_secs_f64();
+            println!(
+                "{}",
+                kiln::planner::prediction_line(predicted, Some(measured))
+            );
+        }
     }
     Ok(())
 }
@@ -215,7 +226,7 @@ fn pipeline_config(args: &Args, shape: &PipelineRun) -> PipelineConfig {
         data_parallel: shape.data_parallel,
         max_grad_norm: args.clip_grad_norm,
         split: shape.split.clone(),
-        precision: kiln::amp::MixedPrecision::new(args.amp.precision()),
+        precision: kiln::amp::MixedPrecision::new(args.amp),
         accumulation: args.accumulation,
         check_every: args.check_every,
         gradient_checkpointing: shape.gradient_checkpointing,
@@ -228,56 +239,6 @@ fn pipeline_config(args: &Args, shape: &PipelineRun) -> PipelineConfig {
             .map(|fault| fault.step()),
         ..PipelineConfig::default()
     }
-}
-
-/// The run's summary: losses, step time against the plan's, each stage, the bubble, the
-/// trained parameters' fingerprint, AMP's scaler and a SIGTERM stop.
-fn print_report(
-    args: &Args,
-    shape: &PipelineRun,
-    report: &PipelineReport,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let (stages, groups) = (shape.stages, shape.data_parallel);
-    let (micro_batches, batch_size, kind) = (shape.micro_batches, shape.batch_size, shape.schedule);
-    let first = report.losses.first().copied().unwrap_or(f32::NAN);
-    let last = report.losses.last().copied().unwrap_or(f32::NAN);
-    println!(
-        "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} img/s",
-        report.step_time.as_secs_f64() * 1e3,
-        (groups * batch_size) as f64 / report.step_time.as_secs_f64().max(1e-9)
-    );
-    if let Some(predicted) = shape.predicted_step {
-        println!(
-            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
-            predicted * 1e3,
-            report.step_time.as_secs_f64() * 1e3,
-            100.0 * (report.step_time.as_secs_f64() / predicted - 1.0)
-        );
-    }
-    for (index, stage) in report.stages.iter().enumerate() {
-        println!("stage {index}: {stage}");
-    }
-    println!("{}", report.bubble_line(kind, stages, micro_batches)?);
-    println!(
-        "trained parameters fingerprint: {:016x}",
-        report.fingerprint()
-    );
-    if args.amp.precision() != kiln::amp::Precision::F32 {
-        println!(
-            "AMP {}: loss scale {}, {} of {} steps skipped",
-            args.amp.precision(),
-            report.amp.scale,
-            report.amp.skipped,
-            report.amp.steps
-        );
-    }
-    if let Some(stopped) = report.stopped_at {
-        println!(
-            "stopped at step {} by SIGTERM; continue with --resume latest",
-            stopped.step
-        );
-    }
-    Ok(())
 }
 
 /// With `--comm mpi`, the MPI world (one stage per process).

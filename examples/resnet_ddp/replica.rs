@@ -3,18 +3,19 @@
 
 use std::sync::Arc;
 
-use kiln::amp::{MixedPrecision, Precision};
-use kiln::core::fingerprint;
+use kiln::amp::MixedPrecision;
 use kiln::data::{DataLoader, ImageBatch};
-use kiln::ddp::{DdpConfig, Replica};
+use kiln::ddp::{DdpConfig, Replica, ReplicaOutcome};
 use kiln::resnet::ResNet;
 use kiln::train::{
     Classification, FaultyStep, GradientStep, LrSchedule, TrainError, TrainPosition, Trainer,
     TrainerBuilder,
 };
 
-use crate::args::{Args, LrScalingArg};
-use crate::{Outcome, Setup, build_model, checkpoints, optimizer};
+use kiln::train::LrScaling;
+
+use crate::args::Args;
+use crate::{Setup, build_model, checkpoints, optimizer};
 
 pub(crate) fn announce(args: &Args, setup: &Setup, world: usize, placement: &str) {
     let batch = match &setup.planned_batches {
@@ -40,7 +41,7 @@ pub(crate) fn run_mpi(
     setup: &Setup,
     devices: Vec<burn::tensor::Device>,
     config: DdpConfig,
-) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
+) -> Result<Vec<ReplicaOutcome>, Box<dyn std::error::Error>> {
     let mpi = kiln::comm::MpiCommunicator::world(config.timeout)?;
     let (process, processes) = (mpi.rank(), mpi.world_size());
     let local = devices.len();
@@ -62,7 +63,7 @@ pub(crate) fn run_mpi(
     _: &Setup,
     _: Vec<burn::tensor::Device>,
     _: DdpConfig,
-) -> Result<Vec<Outcome>, Box<dyn std::error::Error>> {
+) -> Result<Vec<ReplicaOutcome>, Box<dyn std::error::Error>> {
     Err("--comm mpi needs the example built with `--features mpi`".into())
 }
 
@@ -70,7 +71,7 @@ pub(crate) fn train_replica(
     replica: Replica,
     args: &Args,
     setup: &Setup,
-) -> Result<Outcome, TrainError> {
+) -> Result<ReplicaOutcome, TrainError> {
     let device = replica.train_device();
     let primary = replica.is_primary();
     let model = replica.broadcast_module(build_model(args, setup, &device))?;
@@ -98,7 +99,7 @@ pub(crate) fn train_replica(
     } else {
         args.batch_size * replica.world_size()
     } * args.accumulation;
-    if primary && args.lr_scaling != LrScalingArg::None {
+    if primary && args.lr_scaling != LrScaling::None {
         println!("{}", args.lr_scaling.describe(args.lr, step_samples));
     }
     let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
@@ -122,8 +123,7 @@ pub(crate) fn train_replica(
         replica.overlapped_step()
     };
     GradientStep::<ResNet>::restore_state(&mut step, &start.step_state)?;
-    let (sync, transport) = (step.stats(), step.transport());
-    let amp = (args.amp.precision() != Precision::F32).then(|| step.amp_stats());
+    let watch = step.watch(replica.rank());
     let mut builder = Trainer::builder(model, optimizer)
         .schedule(schedule)
         .train_loader(train_loader)
@@ -160,16 +160,7 @@ pub(crate) fn train_replica(
             .fit()?,
         None => builder.gradient_step(step).build()?.fit()?,
     };
-    let sync = *sync.lock().unwrap_or_else(|p| p.into_inner());
-    let amp = amp.map(|s| *s.lock().unwrap_or_else(|p| p.into_inner()));
-    Ok(Outcome {
-        rank: replica.rank(),
-        report,
-        sync,
-        transport,
-        amp,
-        fingerprint: fingerprint(&model),
-    })
+    Ok(watch.finish(report, &model))
 }
 
 /// This replica's batch and, for uneven shares, every replica's: balanced from measured
@@ -247,6 +238,6 @@ fn measure_throughput(
         .device(device.clone())
         .build();
     let batches: Vec<_> = probe.epoch(0).take(4).collect::<Result<_, _>>()?;
-    let precision = MixedPrecision::new(args.amp.precision());
+    let precision = MixedPrecision::new(args.amp);
     kiln::train::measure_throughput(model, &Classification, batches, &precision, device)
 }

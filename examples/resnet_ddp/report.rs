@@ -1,6 +1,6 @@
-//! What a data-parallel run prints when it ends: each replica's throughput and
-//! synchronisation, the process's total, the start-up, and the planner's prediction against
-//! the measured step.
+//! What a data-parallel run prints when it ends besides each replica's line
+//! (`kiln::ddp::outcome_lines`): the start-up, and the planner's prediction against the
+//! measured step.
 
 use std::time::{Duration, Instant};
 
@@ -8,60 +8,16 @@ use kiln::planner::{Layout, Plan};
 use kiln::train::StartupCost;
 
 use crate::args::Args;
-use crate::{Outcome, Setup};
+use kiln::ddp::ReplicaOutcome;
 
-/// One line per replica (images per second, synchronisation, ZeRO-1, AMP), rank 0's
-/// parameter fingerprint, the process's total and where SIGTERM stopped the run.
-pub(crate) fn print_replicas(args: &Args, outcomes: &[Outcome]) {
-    for outcome in outcomes {
-        let report = &outcome.report;
-        let rate = report.samples_trained() / report.training_seconds().max(1e-9);
-        let mut line = format!(
-            "replica {}: {rate:.0} img/s | {}",
-            outcome.rank,
-            outcome.sync.summary(outcome.transport)
-        );
-        if let Some(amp) = &outcome.amp {
-            line += &format!(
-                " | AMP {}: loss scale {}, {} of {} steps skipped",
-                args.amp.precision(),
-                amp.scale,
-                amp.skipped,
-                amp.steps
-            );
-        }
-        println!("{line}");
-        if outcome.rank == 0 {
-            println!("final parameters fingerprint: {:016x}", outcome.fingerprint);
-        }
-    }
-    if outcomes.len() > 1 {
-        // Replicas run side by side: all images over the slowest replica's time.
-        let images: f64 = outcomes.iter().map(|o| o.report.samples_trained()).sum();
-        let slowest = outcomes
-            .iter()
-            .map(|o| o.report.training_seconds())
-            .fold(0.0, f64::max);
-        println!(
-            "all {} replicas of this process: {:.0} img/s",
-            outcomes.len(),
-            images / slowest.max(1e-9)
-        );
-    }
-    if let Some(stopped) = outcomes.iter().find_map(|o| o.report.stopped_at) {
-        println!(
-            "stopped at step {} by SIGTERM; continue with --resume latest",
-            stopped.step
-        );
-    }
-}
+use crate::Setup;
 
 /// The start-up line and, for a planned data-parallel run, the predicted step against the
 /// measured one.
 pub(crate) fn print_timing(
     args: &Args,
     setup: &Setup,
-    outcomes: &[Outcome],
+    outcomes: &[ReplicaOutcome],
     process_start: Instant,
     planning: Duration,
     plan: Option<&Plan>,
@@ -88,18 +44,8 @@ pub(crate) fn print_timing(
     if !matches!(plan.layout, Layout::DataParallel { .. }) {
         return;
     }
-    let predicted = plan.predicted.step_seconds;
-    if let Some(measured) = median_step {
-        println!(
-            "planner: predicted step {:.1} ms, measured {:.1} ms ({:+.0}%)",
-            predicted * 1e3,
-            measured * 1e3,
-            100.0 * (measured / predicted - 1.0)
-        );
-    } else {
-        println!(
-            "planner: predicted step {:.1} ms, nothing measured (the first step warms up and is not counted: train 2 steps or more to compare)",
-            predicted * 1e3
-        );
-    }
+    println!(
+        "{}",
+        kiln::planner::prediction_line(plan.predicted.step_seconds, median_step)
+    );
 }

@@ -9,6 +9,7 @@ use burn::tensor::FloatDType;
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Precision {
     /// Full precision (AMP off).
     #[default]

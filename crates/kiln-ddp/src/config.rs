@@ -6,9 +6,11 @@ use crate::DdpError;
 
 /// The element type gradients travel in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Compression {
     /// Full `f32` gradients.
     #[default]
+    #[cfg_attr(feature = "clap", value(name = "f32"))]
     None,
     /// IEEE half precision (range ±65504; tiny gradients underflow).
     F16,
@@ -34,6 +36,7 @@ pub enum SyncMode {
 
 /// Where gradients wait for their all-reduce, and what reduces them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum GradientPath {
     /// [`Host`](Self::Host) for CPU replicas, [`Device`](Self::Device) for accelerators.
     #[default]

@@ -97,6 +97,11 @@ impl<M: Module, O: Objective> DdpStep<M, O> {
         self.rule.stats()
     }
 
+    /// The precision the step computes in.
+    pub fn precision(&self) -> kiln_amp::Precision {
+        self.config.precision.precision()
+    }
+
     /// How gradients travel: host buffer, staged device buckets or native device all-reduce.
     pub fn transport(&self) -> &'static str {
         self.store.name()

@@ -61,7 +61,7 @@ pub use model_profile::{ModelProfile, ProfileCache, ProfileKey, SegmentAt};
 pub use partition::{
     DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages, human_bytes,
 };
-pub use plan::{Layout, Plan, Predicted};
+pub use plan::{Layout, Plan, Predicted, prediction_line};
 pub use planning::{Planned, RunPlanning, device_kind};
 pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments,

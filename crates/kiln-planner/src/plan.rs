@@ -284,3 +284,27 @@ pub fn ranges(split: &[usize]) -> Vec<Range<usize>> {
         })
         .collect()
 }
+
+/// The planner's predicted step beside the measured one (the median step after the first,
+/// which warms up), as a run prints it; `measured` is `None` when too few steps ran.
+///
+/// ```
+/// assert_eq!(
+///     kiln_planner::prediction_line(0.020, Some(0.025)),
+///     "planner: predicted step 20.0 ms, measured 25.0 ms (+25%)"
+/// );
+/// assert!(kiln_planner::prediction_line(0.020, None).contains("nothing measured"));
+/// ```
+pub fn prediction_line(predicted_seconds: f64, measured_seconds: Option<f64>) -> String {
+    let predicted = predicted_seconds * 1e3;
+    match measured_seconds {
+        Some(measured) => format!(
+            "planner: predicted step {predicted:.1} ms, measured {:.1} ms ({:+.0}%)",
+            measured * 1e3,
+            100.0 * (measured / predicted_seconds - 1.0)
+        ),
+        None => format!(
+            "planner: predicted step {predicted:.1} ms, nothing measured (the first step warms up and is not counted: train 2 steps or more to compare)"
+        ),
+    }
+}

@@ -73,7 +73,7 @@ pub use objective::{
 };
 pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};
-pub use schedule::{Decay, LrSchedule, linear_scaled_lr};
+pub use schedule::{Decay, LrScaling, LrSchedule, linear_scaled_lr};
 pub use startup::{StartupCost, is_out_of_memory};
 pub use steady_mark::SteadyStateMark;
 pub use step::{

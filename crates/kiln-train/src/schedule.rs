@@ -36,6 +36,46 @@ pub fn linear_scaled_lr(reference_lr: f64, global_batch: usize) -> f64 {
     reference_lr * global_batch as f64 / 256.0
 }
 
+/// How the learning rate follows the global batch (what a `--lr-scaling` option names).
+///
+/// ```
+/// use kiln_train::LrScaling;
+/// assert_eq!(LrScaling::Linear.lr(0.1, 512), 0.2);
+/// assert_eq!(LrScaling::Linear.describe(0.1, 512), "lr 0.1 x 512/256 = 0.2 (linear scaling)");
+/// assert_eq!(LrScaling::None.lr(0.1, 512), 0.1);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum LrScaling {
+    /// The rate as given.
+    #[default]
+    None,
+    /// The rate is the one for a global batch of 256, scaled in proportion
+    /// ([`linear_scaled_lr`]; Goyal et al.).
+    Linear,
+}
+
+impl LrScaling {
+    /// The peak rate for `global_batch` samples per optimizer step, from the given `lr`.
+    pub fn lr(self, lr: f64, global_batch: usize) -> f64 {
+        match self {
+            LrScaling::None => lr,
+            LrScaling::Linear => linear_scaled_lr(lr, global_batch),
+        }
+    }
+
+    /// How the rate was reached, for a run's header.
+    pub fn describe(self, lr: f64, global_batch: usize) -> String {
+        match self {
+            LrScaling::None => format!("lr {lr}"),
+            LrScaling::Linear => format!(
+                "lr {lr} x {global_batch}/256 = {} (linear scaling)",
+                self.lr(lr, global_batch)
+            ),
+        }
+    }
+}
+
 /// A learning rate as a pure function of the step: linear warm-up, then a [`Decay`].
 ///
 /// Being a function of the step alone, every replica computes the same rate without

@@ -1,9 +1,11 @@
 //! A pipeline report as the lines a run prints: each stage, the bubble against the
 //! schedule's formula, the trained parameters' fingerprint.
 
-use std::fmt;
+use std::fmt::{self, Write};
 
-use crate::runtime::{PipelineReport, StageReport};
+use kiln_amp::Precision;
+
+use crate::runtime::{PipelineConfig, PipelineReport, StageReport};
 use crate::schedule::{ScheduleError, ScheduleKind, bubble_formula};
 
 impl fmt::Display for StageReport {
@@ -46,6 +48,56 @@ impl PipelineReport {
             100.0 * self.bubble_fraction(),
             100.0 * bubble_formula(kind, stages, micro_batches)?
         ))
+    }
+
+    /// The run's summary, as it prints it: the first and last step's loss, the step time and
+    /// rate (`samples_per_step` over all pipelines), each of this process's stages, the bubble
+    /// (`stages`: the pipeline's depth), the trained parameters' fingerprint, mixed
+    /// precision's scaler and where a stop request ended the run.
+    ///
+    /// # Errors
+    /// When `config`'s schedule cannot run `stages` stages (see [`bubble_formula`]).
+    pub fn summary(
+        &self,
+        config: &PipelineConfig,
+        stages: usize,
+        samples_per_step: usize,
+    ) -> Result<String, ScheduleError> {
+        let first = self.losses.first().copied().unwrap_or(f32::NAN);
+        let last = self.losses.last().copied().unwrap_or(f32::NAN);
+        let step = self.step_time.as_secs_f64();
+        let mut out = format!(
+            "loss {first:.4} -> {last:.4} | step {:.1} ms | {:.0} samples/s\n",
+            step * 1e3,
+            samples_per_step as f64 / step.max(1e-9)
+        );
+        for (index, stage) in self.stages.iter().enumerate() {
+            let _ = writeln!(out, "stage {index}: {stage}");
+        }
+        let bubble = self.bubble_line(config.schedule, stages, config.micro_batches)?;
+        let _ = writeln!(out, "{bubble}");
+        let _ = writeln!(
+            out,
+            "trained parameters fingerprint: {:016x}",
+            self.fingerprint()
+        );
+        let precision = config.precision.precision();
+        if precision != Precision::F32 {
+            let amp = &self.amp;
+            let _ = writeln!(
+                out,
+                "AMP {precision}: loss scale {}, {} of {} steps skipped",
+                amp.scale, amp.skipped, amp.steps
+            );
+        }
+        if let Some(stopped) = self.stopped_at {
+            let _ = writeln!(
+                out,
+                "stopped at step {} by SIGTERM; continue with --resume latest",
+                stopped.step
+            );
+        }
+        Ok(out)
     }
 
     /// A fingerprint of the trained parameters in path order: equal for every schedule
@@ -109,6 +161,24 @@ mod tests {
             "bubble: measured 30.0% | formula 33.3% (equal stages)"
         );
         assert!(report.bubble_line(ScheduleKind::GPipe, 0, 2).is_err());
+        let config = crate::PipelineConfig {
+            schedule: ScheduleKind::GPipe,
+            micro_batches: 2,
+            ..crate::PipelineConfig::default()
+        };
+        let summary = report.summary(&config, 2, 50).unwrap();
+        let lines: Vec<&str> = summary.lines().collect();
+        assert_eq!(
+            lines[0],
+            "loss 2.0000 -> 1.5000 | step 10.0 ms | 5000 samples/s"
+        );
+        assert!(lines[1].starts_with("stage 0: segments"), "{}", lines[1]);
+        assert_eq!(
+            lines[3],
+            "bubble: measured 30.0% | formula 33.3% (equal stages)"
+        );
+        assert!(lines[4].starts_with("trained parameters fingerprint: "));
+        assert_eq!(lines.len(), 5, "f32, not stopped: {summary}");
         let same = PipelineReport {
             params: params(&[("b", vec![3.0]), ("a", vec![1.0, 2.0])]),
             ..report.clone()
