@@ -4,11 +4,10 @@
 
 use burn::tensor::Device;
 use kiln::core::DeviceSpec;
-use kiln::data::{Batch, BatchSource, TextWindows};
+use kiln::data::{BatchSource, TextWindows};
 use kiln::kernels::FusedAdamWConfig;
 use kiln::planner::{
-    BatchProfile, Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, ProfileOptions,
-    RunPlanning, parse_memory_limits, profile_segments_with, profile_update_with,
+    Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning, parse_memory_limits,
 };
 use kiln::train::LanguageModeling;
 
@@ -62,18 +61,12 @@ fn profile(
     key: ProfileKey,
     threads: usize,
 ) -> Result<ModelProfile, PlanError> {
-    let device = device.clone().autodiff();
-    let device = if key.gradient_checkpointing {
-        device.gradient_checkpointing()
-    } else {
-        device
-    };
+    let device = key.training_device(device);
     let model = data.build(args.seed, &device);
-    let largest = *key.batches.last().expect("at least one batch size");
     let input = |why: String| PlanError::Request(format!("profiling the GPT: {why}"));
     let batch = TextWindows::builder(data.train.clone())
         .context(args.context)
-        .batch_size(largest)
+        .batch_size(*key.batches.last().expect("at least one batch size"))
         .seed(args.seed)
         .device(device.clone())
         .build()
@@ -82,42 +75,7 @@ fn profile(
         .next()
         .ok_or_else(|| input("the text is shorter than one batch".into()))?
         .map_err(|err| input(err.to_string()))?;
-    let batches = key
-        .batches
-        .iter()
-        .enumerate()
-        .map(|(i, &size)| -> Result<BatchProfile, PlanError> {
-            // The first (smallest) size warms caches and pools up for the others.
-            let options = ProfileOptions {
-                threads: Some(threads),
-                warmup: usize::from(i == 0),
-                ..ProfileOptions::default()
-            };
-            let windows = batch.slice(0..size);
-            Ok(profile_segments_with(
-                &model,
-                &LanguageModeling,
-                &windows,
-                &device,
-                &options,
-            )?)
-        })
-        .collect::<Result<_, _>>()?;
-    let options = ProfileOptions {
-        threads: Some(threads),
-        ..ProfileOptions::default()
-    };
-    let smallest = batch.slice(0..key.batches[0]);
-    let update_seconds_per_byte = profile_update_with(
-        &model,
-        (&LanguageModeling, &smallest),
-        &device,
-        kiln::gpt::adamw(&FusedAdamWConfig::new()),
-        &options,
-    )?;
-    Ok(ModelProfile {
-        key,
-        batches,
-        update_seconds_per_byte,
-    })
+    let optimizer = kiln::gpt::adamw(&FusedAdamWConfig::new());
+    let models = (&model, &LanguageModeling);
+    kiln::planner::profile_model(key, models, &batch, &device, optimizer, threads)
 }

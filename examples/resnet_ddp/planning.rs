@@ -6,10 +6,10 @@ use burn::tensor::Device;
 use kiln::core::DeviceSpec;
 use kiln::data::DataLoader;
 use kiln::planner::{
-    BatchProfile, Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, ProfileOptions,
-    RunPlanning, parse_memory_limits, profile_segments, profile_update,
+    Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning, parse_memory_limits,
 };
 use kiln::resnet::ResNet;
+use kiln::train::Classification;
 
 use crate::Setup;
 use crate::args::Args;
@@ -85,7 +85,7 @@ pub fn choose(
 }
 
 /// Profiles the model at each of the key's batch sizes on `device`, before any loader runs
-/// (the CPU's kept activations are read from the process heap).
+/// (the CPU's kept activations are read from the process heap), with the run's optimizer.
 fn profile_model(
     args: &Args,
     setup: &Setup,
@@ -93,58 +93,19 @@ fn profile_model(
     key: ProfileKey,
     threads: usize,
 ) -> Result<ModelProfile, Error> {
-    let device = device.clone().autodiff();
-    let device = if key.gradient_checkpointing {
-        device.gradient_checkpointing()
-    } else {
-        device
-    };
+    let device = key.training_device(device);
     let model: ResNet = crate::build_model(args, setup, &device);
-    let largest = *key.batches.last().expect("at least one batch size");
-    let batch = {
-        let mut loader = DataLoader::builder(Arc::clone(&setup.train))
-            .batch_size(largest)
-            .transforms(setup.transforms.clone())
-            .device(device.clone())
-            .build();
-        loader
-            .epoch(0)
-            .next()
-            .ok_or("the training set is smaller than one batch")??
-    };
-    let batches = key
-        .batches
-        .iter()
-        .enumerate()
-        .map(|(i, &size)| -> Result<BatchProfile, Error> {
-            // The first (smallest) size warms caches and pools up for the others.
-            let options = ProfileOptions {
-                threads: Some(threads),
-                warmup: usize::from(i == 0),
-                ..ProfileOptions::default()
-            };
-            let images = batch.images.clone().slice(0..size);
-            let labels = batch.labels.clone().slice(0..size);
-            Ok(profile_segments(&model, images, labels, &options)?)
-        })
-        .collect::<Result<_, _>>()?;
-    // The optimizer the run trains with (see `main.rs`), updating once per step.
+    let batch = DataLoader::builder(Arc::clone(&setup.train))
+        .batch_size(*key.batches.last().expect("at least one batch size"))
+        .transforms(setup.transforms.clone())
+        .device(device.clone())
+        .build()
+        .epoch(0)
+        .next()
+        .ok_or("the training set is smaller than one batch")??;
     let optimizer = crate::optimizer();
-    let options = ProfileOptions {
-        threads: Some(threads),
-        ..ProfileOptions::default()
-    };
-    let smallest = key.batches[0];
-    let update_seconds_per_byte = profile_update(
-        &model,
-        batch.images.clone().slice(0..smallest),
-        batch.labels.clone().slice(0..smallest),
-        optimizer,
-        &options,
-    )?;
-    Ok(ModelProfile {
-        key,
-        batches,
-        update_seconds_per_byte,
-    })
+    let models = (&model, &Classification);
+    Ok(kiln::planner::profile_model(
+        key, models, &batch, &device, optimizer, threads,
+    )?)
 }

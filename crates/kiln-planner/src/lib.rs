@@ -44,6 +44,7 @@ mod partition_tests;
 mod plan;
 mod planning;
 mod profile;
+mod profile_model;
 #[cfg(test)]
 mod profile_tests;
 mod search;
@@ -67,6 +68,7 @@ pub use profile::{
     BatchProfile, ProfileError, ProfileOptions, SegmentProfile, profile_segments,
     profile_segments_with, segment_name,
 };
+pub use profile_model::profile_model;
 pub use search::{
     DATA_PARALLEL_MARGIN, Fixed, PlanChoice, PlanRequest, TIE_MARGIN, choose_plan,
     choose_plan_with_lever,

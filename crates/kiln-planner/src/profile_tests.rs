@@ -236,3 +236,39 @@ fn a_model_that_is_not_a_classifier_is_profiled_for_its_objective() {
     .unwrap();
     assert!(per_byte.is_finite() && per_byte > 0.0, "{per_byte}");
 }
+
+#[test]
+fn a_whole_model_is_profiled_at_each_batch_size_and_a_short_batch_is_refused() {
+    let _alone = crate::memory::MEASURING.lock();
+    let key = crate::ProfileKey {
+        model: "resnet18 width 4".into(),
+        device: "cpu".into(),
+        precision: "f32".into(),
+        optimizer: "sgd".into(),
+        threads: 1,
+        batches: vec![2, 4],
+        kiln: "test".into(),
+        gradient_checkpointing: false,
+    };
+    let device = key.training_device(&Device::flex());
+    let model = model(&device);
+    let images = kiln_core::with_seed(&device, 1, || {
+        Tensor::<4>::random([4, 3, 16, 16], Distribution::Normal(0.0, 1.0), &device)
+    });
+    let labels = Tensor::<1, Int>::from_ints([0, 1, 2, 3], &device);
+    let batch = kiln_data::ImageBatch {
+        images,
+        labels,
+        indices: (0..4).collect(),
+    };
+    let sgd = || burn::optim::SgdConfig::new().init();
+    let models = (&model, &kiln_train::Classification);
+    let profile = crate::profile_model(key.clone(), models, &batch, &device, sgd(), 1).unwrap();
+    assert_eq!(profile.key, key);
+    let sizes: Vec<usize> = profile.batches.iter().map(|b| b.batch).collect();
+    assert_eq!(sizes, [2, 4]);
+    assert!(profile.update_seconds_per_byte > 0.0);
+    let short = kiln_data::Batch::slice(&batch, 0..3);
+    let err = crate::profile_model(key, models, &short, &device, sgd(), 1).unwrap_err();
+    assert!(err.to_string().contains("a batch of 3 samples"), "{err}");
+}
