@@ -5,6 +5,7 @@ use burn::tensor::Device;
 use kiln::data::DataLoader;
 use kiln::pipeline::schedule::{Costs, Schedule, simulate};
 use kiln::pipeline::{Pipeline, PipelineConfig};
+use kiln::planner::prediction_line;
 use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
 
@@ -172,17 +173,10 @@ fn run(
     }
     let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
     if primary {
-        print!(
-            "{}",
-            report.summary(&summary_config, stages, groups * batch_size)?
-        );
-        if let Some(predicted) = shape.predicted_step {
-            let measured = report.step_time.as_secs_f64();
-            println!(
-                "{}",
-                kiln::planner::prediction_line(predicted, Some(measured))
-            );
-        }
+        print!("{}", report.summary(&summary_config, stages, step_samples)?);
+        let measured = Some(report.step_time.as_secs_f64());
+        let predicted = shape.predicted_step.map(|p| prediction_line(p, measured));
+        predicted.into_iter().for_each(|line| println!("{line}"));
     }
     Ok(())
 }

@@ -140,7 +140,7 @@ mod tests {
             report,
             sync: SyncStats::default(),
             transport: "host buffer",
-            amp: (rank == 1).then(|| {
+            amp: (rank == 1).then_some({
                 (
                     Precision::Bf16,
                     AmpStats {
