@@ -84,7 +84,7 @@ def pipeline_run(out, name, batch):
     log = read(os.path.join(out, f"{name}.log"))
     if log is None:
         return None
-    m = re.search(r"\| step ([0-9.]+) ms \| ([0-9.]+) img/s", log)
+    m = re.search(r"\| step ([0-9.]+) ms \| ([0-9.]+) (?:img|samples)/s", log)
     run = {"images_per_sec": float(m.group(2)) if m else None,
            "mean_step_ms": float(m.group(1)) if m else None}
     m = re.search(r"bubble: measured ([0-9.]+)%", log)
