@@ -23,6 +23,19 @@ fn with_dir(dir: &std::path::Path) -> RunOptions {
     }
 }
 
+/// How many times `options` runs an attempt that always fails (it must end with the error).
+fn attempts_of_a_failing_run(options: &RunOptions) -> usize {
+    let mut attempts = 0;
+    let result: Result<(), CheckpointError> = options.with_restarts(None, |_| {
+        attempts += 1;
+        Err(CheckpointError::Options {
+            reason: "failed".into(),
+        })
+    });
+    assert!(result.is_err());
+    attempts
+}
+
 #[test]
 fn options_that_would_be_ignored_are_refused_by_name() {
     let refused = |options: RunOptions, flag: &str| {
@@ -138,15 +151,11 @@ fn without_a_directory_nothing_is_saved_logged_or_restarted() {
     );
     assert!(options.stop_on_sigterm().unwrap().is_none());
     options.record("config.txt", "x").unwrap();
-    let mut attempts = 0;
-    let result: Result<(), CheckpointError> = options.with_restarts(None, |_| {
-        attempts += 1;
-        Err(CheckpointError::Options {
-            reason: "failed".into(),
-        })
-    });
-    assert!(result.is_err());
-    assert_eq!(attempts, 1, "no directory, no restart");
+    assert_eq!(
+        attempts_of_a_failing_run(&options),
+        1,
+        "no directory, no restart"
+    );
 }
 
 #[test]
@@ -156,15 +165,11 @@ fn a_failed_attempt_restarts_up_to_the_limit_and_the_directory_gets_its_records(
         max_restarts: 2,
         ..with_dir(&dir)
     };
-    let mut attempts = 0;
-    let result: Result<(), CheckpointError> = options.with_restarts(None, |_| {
-        attempts += 1;
-        Err(CheckpointError::Options {
-            reason: "failed".into(),
-        })
-    });
-    assert!(result.is_err());
-    assert_eq!(attempts, 3, "the first attempt and two restarts");
+    assert_eq!(
+        attempts_of_a_failing_run(&options),
+        3,
+        "the first and two restarts"
+    );
     options.record("config.txt", "lr 0.1\n").unwrap();
     assert_eq!(
         std::fs::read_to_string(dir.join("config.txt")).unwrap(),
