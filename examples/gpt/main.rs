@@ -208,10 +208,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         match &layout.1 {
             None => {
                 let (report, model) = data_parallel(&args, &data, from, devices.clone())?;
-                // The median step after the first (0 with one step: nothing to compare).
-                let measured = report
-                    .median_step_seconds(args.batch_size / devices.len())
-                    .unwrap_or(0.0);
+                // The median step after the first (none with one step: nothing to compare).
+                let measured = report.median_step_seconds(args.batch_size / devices.len());
                 Ok(((report, model), measured))
             }
             Some(stages) => pipelined(&args, &data, from, devices.clone(), stages),
@@ -220,7 +218,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let ((report, model), measured) = args.run.with_restarts(data.from.clone(), attempt)?;
     let seconds = started.elapsed().as_secs_f64();
     if let Some(predicted) = layout.2 {
-        let measured = (measured > 0.0).then_some(measured);
         println!("{}", kiln::planner::prediction_line(predicted, measured));
     }
     // A resumed run trains from its checkpoint's step.
@@ -354,15 +351,18 @@ fn data_parallel(
     Ok((report, model.valid()))
 }
 
+/// A run's report and trained model, and its measured step (seconds; none with one step).
+type Trained = ((TrainReport, Gpt), Option<f64>);
+
 /// The pipelines of `stages` over `devices`; the run's report and the stages' trained
-/// parameters put back into one model, and the measured step (seconds).
+/// parameters put back into one model, and the measured step (seconds; none with one step).
 fn pipelined(
     args: &Args,
     data: &Data,
     from: Option<&std::path::Path>,
     devices: Vec<Device>,
     stages: &Stages,
-) -> Result<((TrainReport, Gpt), f64), Box<dyn std::error::Error>> {
+) -> Result<Trained, Box<dyn std::error::Error>> {
     if !args.batch_size.is_multiple_of(stages.data_parallel) {
         return Err(format!(
             "--batch-size {} does not split over {} pipelines",
@@ -415,7 +415,7 @@ fn pipelined(
         args.steps,
     )?;
     let model = sample::with_params(data.build(args.seed, &Device::flex()), &report.params)?;
-    let measured = report.step_time.as_secs_f64();
+    let measured = (!report.step_time.is_zero()).then_some(report.step_time.as_secs_f64());
     let run = TrainReport {
         steps: Vec::new(),
         epochs: report.epochs,

@@ -17,7 +17,7 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if run.max_restarts > 0 && args.comm == CommArg::Mpi {
         return Err("--max-restarts restarts in-process runs; an MPI job restarts from outside mpirun: `resnet_ddp launch --max-restarts N -- mpirun ... --resume latest`".into());
     }
-    if args.local_sgd.is_some() {
+    if !saveable(args) {
         if run.checkpoint_every.is_some() || run.resume.is_some() {
             return Err("checkpoints (--checkpoint-every, --resume) do not support --local-sgd yet: replicas differ between averagings".into());
         }
@@ -60,9 +60,15 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
     .with("precision", format!("{:?}", args.amp))
 }
 
+/// Whether a checkpoint can hold this run's state (local SGD's replicas differ between
+/// averagings, which it does not hold yet).
+pub fn saveable(args: &Args) -> bool {
+    args.local_sgd.is_none()
+}
+
 /// A checkpointer, if the run has a directory and its state can be saved.
 pub fn saver(args: &Args, identity: &RunIdentity) -> Option<Checkpointer> {
-    if args.local_sgd.is_some() {
+    if !saveable(args) {
         return None;
     }
     let saver = args.run.checkpointer(identity)?;

@@ -144,9 +144,9 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         planned_batches: None,
         resume_from: args.run.resume_from()?,
         // Without a checkpoint to save, SIGTERM keeps its meaning (end the process).
-        stop: match args.local_sgd {
-            Some(_) => None,
-            None => args.run.stop_on_sigterm()?,
+        stop: match checkpoints::saveable(&args) {
+            true => args.run.stop_on_sigterm()?,
+            false => None,
         },
     };
     if let Some(stages) = args.pipeline {

@@ -174,9 +174,10 @@ fn run(
     let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
     if primary {
         print!("{}", report.summary(&summary_config, stages, step_samples)?);
-        let measured = Some(report.step_time.as_secs_f64());
-        let predicted = shape.predicted_step.map(|p| prediction_line(p, measured));
-        predicted.into_iter().for_each(|line| println!("{line}"));
+        if let Some(predicted) = shape.predicted_step {
+            let measured = Some(report.step_time.as_secs_f64());
+            println!("{}", prediction_line(predicted, measured));
+        }
     }
     Ok(())
 }
