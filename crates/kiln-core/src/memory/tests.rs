@@ -23,33 +23,57 @@ fn near(bytes: u64, expected: u64) -> bool {
     (expected..expected + 4096).contains(&bytes)
 }
 
-#[test]
-fn the_process_count_follows_what_is_alive_and_its_peak() {
-    let _alone = MEASURING.lock();
+/// One measurement of the process-wide count around a buffer's life: the error says which
+/// expectation a reading missed.
+fn the_count_follows_one_buffer() -> Result<(), String> {
+    let slack = 64u64 << 10;
     let before = TrackingAllocator::live_bytes().expect("installed in this test binary");
     TrackingAllocator::reset_peak();
     let mut buffer = vec![0u8; 1 << 20];
     buffer[7] = 1;
     let held = TrackingAllocator::live_bytes().unwrap();
-    // Other test threads allocate too: a megabyte stands well above their noise.
-    assert!(
-        held >= before + (1 << 20) - (64 << 10),
-        "{before} -> {held}"
-    );
+    if held + slack < before + (1 << 20) {
+        return Err(format!("holding 1 MiB: {before} -> {held}"));
+    }
     let mut grown = buffer;
     grown.resize(3 << 20, 0);
     assert_eq!(grown[7], 1, "a reallocation keeps the contents");
-    assert!(TrackingAllocator::live_bytes().unwrap() >= before + (3 << 20) - (64 << 10));
+    let grown_bytes = TrackingAllocator::live_bytes().unwrap();
+    if grown_bytes + slack < before + (3 << 20) {
+        return Err(format!("holding 3 MiB: {before} -> {grown_bytes}"));
+    }
     drop(grown);
     let after = TrackingAllocator::live_bytes().unwrap();
-    assert!(after < before + (512 << 10), "{before} -> {after}");
+    if after >= before + (512 << 10) {
+        return Err(format!("after the drop: {before} -> {after}"));
+    }
     let peak = TrackingAllocator::peak_bytes().unwrap();
-    assert!(
-        peak >= before + (3 << 20) - (64 << 10),
-        "{before}, peak {peak}"
-    );
+    if peak + slack < before + (3 << 20) {
+        return Err(format!("peak {peak} from {before}"));
+    }
     TrackingAllocator::reset_peak();
-    assert!(TrackingAllocator::peak_bytes().unwrap() < before + (1 << 20));
+    let reset = TrackingAllocator::peak_bytes().unwrap();
+    if reset >= before + (1 << 20) {
+        return Err(format!("peak after a reset {reset} from {before}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn the_process_count_follows_what_is_alive_and_its_peak() {
+    let _alone = MEASURING.lock();
+    // The count is the whole process's: another test thread may allocate or free megabytes
+    // between two readings (CI saw 1.3 MB). A wrong count misses on every try; noise does not
+    // last through five.
+    let mut misses = Vec::new();
+    for _ in 0..5 {
+        match the_count_follows_one_buffer() {
+            Ok(()) => return,
+            Err(miss) => misses.push(miss),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("every try missed: {misses:#?}");
 }
 
 #[test]
