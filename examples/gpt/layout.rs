@@ -1,20 +1,17 @@
 //! The layout a run trains in: pipelines by hand (`--pipeline`) or as the planner's plan
 //! says, or data parallel; and the measured step to set against the plan's prediction.
 
-use kiln::pipeline::schedule::ScheduleKind;
+use kiln::pipeline::PipelineConfig;
 use kiln::planner::{Layout, Plan, PlanRequest};
 
 use crate::Args;
 
 /// How pipelines train: by hand (`--pipeline`) or as the plan says.
 pub struct Stages {
-    pub data_parallel: usize,
-    pub schedule: ScheduleKind,
-    pub micro_batches: usize,
-    /// Segments of each virtual stage (`None`: as even as possible).
-    pub split: Option<Vec<usize>>,
-    /// Burn's gradient checkpointing (the planner's memory lever).
-    pub recompute: bool,
+    /// Stages per pipeline.
+    pub count: usize,
+    /// The schedule, micro-batches, split, data-parallel pipelines and recomputation.
+    pub shape: PipelineConfig,
     /// The planner's step, in seconds.
     pub predicted: Option<f64>,
 }
@@ -24,15 +21,16 @@ pub struct Stages {
 pub type Chosen = (String, Option<Stages>, Option<f64>);
 
 impl Stages {
-    /// This layout of `stages` stages, described.
-    pub fn described(self, stages: usize) -> Chosen {
-        let predicted = self.predicted;
+    /// This layout, described.
+    pub fn described(self) -> Chosen {
+        let (predicted, shape) = (self.predicted, &self.shape);
         let text = format!(
-            "{} x {stages}-stage pipeline ({}, {} micro-batches{})",
-            self.data_parallel,
-            self.schedule,
-            self.micro_batches,
-            if self.recompute {
+            "{} x {}-stage pipeline ({}, {} micro-batches{})",
+            shape.data_parallel,
+            self.count,
+            shape.schedule,
+            shape.micro_batches,
+            if shape.gradient_checkpointing {
                 ", recomputing activations"
             } else {
                 ""
@@ -42,24 +40,40 @@ impl Stages {
     }
 }
 
-/// What `--plan` asks the planner, checked against the options that need a plan's kind.
-pub fn plan_request(args: &Args) -> Result<PlanRequest, String> {
-    if args.pipeline.is_some() && args.plan != PlanRequest::Auto {
-        return Err("--pipeline P is a plan by hand: leave out --plan (or use --plan pp=P)".into());
+/// What to ask the planner, with the options checked against the plan's kind: a pipeline by
+/// hand takes none of the planner's, `--global-batch` is `--batch-size` here, `--zero1` needs
+/// data parallelism, and the pipeline's choices need a pipeline.
+pub fn plan_request(args: &Args) -> Result<PlanRequest, Box<dyn std::error::Error>> {
+    args.pipeline.check()?;
+    if args.planner.global_batch.is_some() {
+        return Err("--global-batch: the gpt example's --batch-size is the global batch already (windows per step over every replica)".into());
     }
-    let pipelined = args.pipeline.is_some()
-        || matches!(
-            args.plan,
-            PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }
-        );
-    if args.zero1 && pipelined {
-        return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --zero1, or ask for --plan dp)".into());
+    if args.pipeline.pipeline.is_some() {
+        args.planner.refuse_by_hand("--pipeline")?;
+        if args.zero1 {
+            return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --zero1, or ask for --plan dp)".into());
+        }
+        return Ok(PlanRequest::Auto);
     }
-    if args.zero1 && args.plan == PlanRequest::Auto {
-        println!("planner: comparing data-parallel plans only (--zero1 needs data parallelism)");
-        return Ok(PlanRequest::DataParallel);
+    let zero1: &[&str] = if args.zero1 { &["--zero1"] } else { &[] };
+    let (request, note) = args.planner.request(zero1, zero1)?;
+    if let Some(note) = note {
+        println!("{note}");
     }
-    Ok(args.plan.clone())
+    let choices = args.pipeline.choices_given();
+    if request == PlanRequest::DataParallel && !choices.is_empty() {
+        return Err(format!(
+            "{} {} a pipeline; this run is data parallel (--plan dp or --zero1)",
+            choices.join(", "),
+            if choices.len() == 1 {
+                "describes"
+            } else {
+                "describe"
+            }
+        )
+        .into());
+    }
+    Ok(request)
 }
 
 /// The layout of the planner's `plan` (`None`: data parallel on `devices` devices).
@@ -89,15 +103,19 @@ pub fn chosen(plan: Option<Plan>, devices: usize) -> Result<Chosen, String> {
             split,
             ..
         } => Ok(Stages {
-            data_parallel,
-            schedule: schedule
-                .parse()
-                .map_err(|err| format!("the plan's schedule `{schedule}`: {err}"))?,
-            micro_batches,
-            split: Some(split),
-            recompute: plan.gradient_checkpointing,
+            count: stages,
+            shape: PipelineConfig {
+                data_parallel,
+                schedule: schedule
+                    .parse()
+                    .map_err(|err| format!("the plan's schedule `{schedule}`: {err}"))?,
+                micro_batches,
+                split: Some(split),
+                gradient_checkpointing: plan.gradient_checkpointing,
+                ..PipelineConfig::default()
+            },
             predicted,
         }
-        .described(stages)),
+        .described()),
     }
 }

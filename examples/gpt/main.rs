@@ -23,9 +23,8 @@ use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::gpt::{Gpt, GptConfig};
 use kiln::kernels::FusedAdamWConfig;
-use kiln::pipeline::schedule::ScheduleKind;
-use kiln::pipeline::{Pipeline, PipelineConfig};
-use kiln::planner::PlanRequest;
+use kiln::pipeline::{Pipeline, PipelineConfig, PipelineOptions};
+use kiln::planner::{PlanOptions, PlanRequest};
 
 use crate::layout::{Stages, chosen, plan_request};
 use kiln::train::{LanguageModeling, LrSchedule, TrainReport, Trainer};
@@ -47,27 +46,15 @@ pub struct Args {
     /// pipeline stage per entry with `--pipeline`.
     #[arg(long, default_value = "cpu:0,cpu:1")]
     devices: String,
-    /// Pipeline stages by hand instead of the planner's choice (one per `--devices` entry,
-    /// 1F1B, segments split evenly); nothing is profiled.
-    #[arg(long)]
-    pipeline: Option<usize>,
-    /// Micro-batches per pipeline step (with --pipeline 4 when left out; the planner
-    /// compares P, 2P and 4P).
-    #[arg(long)]
-    micro_batches: Option<usize>,
-    /// The plan: `auto` (the planner profiles the model on the devices and picks the
-    /// fastest that fits), `dp`, `pp=N`, `dp=A,pp=B`, or a plan saved with --save-plan.
-    #[arg(long, default_value = "auto")]
-    plan: PlanRequest,
-    /// Each device's memory for the planner: one size for all (`2GiB`) or `cpu:0=1GB,...`.
-    #[arg(long)]
-    device_memory: Option<String>,
-    /// Where the planner caches its profiles (by model, device kind, threads, version).
-    #[arg(long)]
-    profile_cache: Option<std::path::PathBuf>,
-    /// Save the chosen plan as JSON (for --plan FILE: the same plan without profiling).
-    #[arg(long)]
-    save_plan: Option<std::path::PathBuf>,
+    /// Pipelines by hand instead of the planner's choice: `--pipeline P` (one stage per
+    /// `--devices` entry, D x P with `--data-parallel D`), `--micro-batches`, `--schedule`,
+    /// `--show-schedule`, `--split`; nothing is profiled.
+    #[command(flatten)]
+    pipeline: PipelineOptions,
+    /// The planner: `--plan auto|dp|pp=N|dp=A,pp=B|FILE`, `--device-memory`,
+    /// `--profile-cache`, `--predict`, `--save-plan` (`--global-batch` is --batch-size here).
+    #[command(flatten)]
+    planner: PlanOptions,
     /// A text file to train on (bytes; any encoding) instead of the shipped Jargon File.
     #[arg(long)]
     text: Option<std::path::PathBuf>,
@@ -363,28 +350,27 @@ fn pipelined(
     devices: Vec<Device>,
     stages: &Stages,
 ) -> Result<Trained, Box<dyn std::error::Error>> {
-    if !args.batch_size.is_multiple_of(stages.data_parallel) {
+    let pipelines = stages.shape.data_parallel;
+    if !args.batch_size.is_multiple_of(pipelines) {
         return Err(format!(
-            "--batch-size {} does not split over {} pipelines",
-            args.batch_size, stages.data_parallel
+            "--batch-size {} does not split over {pipelines} pipelines",
+            args.batch_size
         )
         .into());
     }
     let config = PipelineConfig {
-        schedule: stages.schedule,
-        micro_batches: stages.micro_batches,
-        split: stages.split.clone(),
-        data_parallel: stages.data_parallel,
-        gradient_checkpointing: stages.recompute,
         check_every: args.check_every,
         precision: MixedPrecision::new(args.amp),
         max_grad_norm: args.clip_grad_norm,
-        ..PipelineConfig::default()
+        ..stages.shape.clone()
     };
+    if let Some(chart) = args.pipeline.chart(&config, stages.count)? {
+        println!("{chart}");
+    }
     // Each step takes one batch per pipeline.
     let mut windows = TextWindows::builder(data.train.clone())
         .context(args.context)
-        .batch_size(args.batch_size / stages.data_parallel)
+        .batch_size(args.batch_size / pipelines)
         .seed(args.seed)
         .device(config.train_device(&devices[0]))
         .build()?;
@@ -432,23 +418,22 @@ fn choose_layout(
     request: PlanRequest,
     (specs, devices): (&[DeviceSpec], &[Device]),
 ) -> Result<layout::Chosen, Box<dyn std::error::Error>> {
-    Ok(match (args.pipeline, request) {
-        (Some(stages), _) if stages != devices.len() => {
+    Ok(match (args.pipeline.pipeline, request) {
+        (Some(stages), _) if stages * args.pipeline.data_parallel != devices.len() => {
             return Err(format!(
-                "--pipeline {stages} needs {stages} --devices entries, got {}",
+                "--pipeline {stages} --data-parallel {} needs {} --devices entries (one per stage of each pipeline), got {}",
+                args.pipeline.data_parallel,
+                stages * args.pipeline.data_parallel,
                 devices.len()
             )
             .into());
         }
         (Some(stages), _) => Stages {
-            data_parallel: 1,
-            schedule: ScheduleKind::OneFOneB,
-            micro_batches: args.micro_batches.unwrap_or(4),
-            split: None,
-            recompute: false,
+            count: stages,
+            shape: args.pipeline.config(PipelineConfig::default()),
             predicted: None,
         }
-        .described(stages),
+        .described(),
         (None, request) => {
             let named = args.devices.split(',').map(|d| d.trim().to_string());
             let named: Vec<_> = named
@@ -457,10 +442,8 @@ fn choose_layout(
                 .map(|((name, spec), device)| (name, spec, device))
                 .collect();
             let plan = planning::choose(args, data, request, &named)?;
-            if let (Some(path), Some(plan)) = (&args.save_plan, &plan) {
-                std::fs::write(path, plan.to_json())
-                    .map_err(|err| format!("--save-plan {}: {err}", path.display()))?;
-                println!("planner: plan saved to {}", path.display());
+            if let Some(note) = args.planner.save(plan.as_ref())? {
+                println!("{note}");
             }
             chosen(plan, devices.len())?
         }

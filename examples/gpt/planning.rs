@@ -6,9 +6,7 @@ use burn::tensor::Device;
 use kiln::core::DeviceSpec;
 use kiln::data::{BatchSource, TextWindows};
 use kiln::kernels::FusedAdamWConfig;
-use kiln::planner::{
-    Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning, parse_memory_limits,
-};
+use kiln::planner::{Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning};
 use kiln::train::LanguageModeling;
 
 use crate::{Args, Data};
@@ -20,9 +18,8 @@ pub fn choose(
     request: PlanRequest,
     devices: &[(String, DeviceSpec, Device)],
 ) -> Result<Option<Plan>, Box<dyn std::error::Error>> {
-    let names: Vec<String> = devices.iter().map(|(n, _, _)| n.clone()).collect();
     let threads = kiln::ddp::default_threads_per_replica(devices.len());
-    let planning = RunPlanning {
+    let planning = args.planner.apply(RunPlanning {
         model: format!(
             "gpt bytes {} layers {} heads width {} context {}{}",
             args.layers,
@@ -35,17 +32,17 @@ pub fn choose(
         global_batch: args.batch_size,
         request,
         fixed: Fixed {
-            schedule: None,
-            micro_batches: args.micro_batches,
+            schedule: args.pipeline.schedule,
+            micro_batches: args.pipeline.micro_batches,
         },
-        memory: parse_memory_limits(args.device_memory.as_deref(), &names)?,
+        memory: Vec::new(),
         threads,
         optimizer: "adamw".into(),
         // AdamW keeps two moments per parameter.
         optimizer_state_factor: 2.0,
-        profile_cache: args.profile_cache.clone(),
+        profile_cache: None,
         predict: false,
-    };
+    })?;
     let planned = planning.choose(|device, key| profile(args, data, device, key, threads))?;
     for note in &planned.notes {
         println!("{note}");

@@ -3,7 +3,6 @@
 
 use clap::{Parser, ValueEnum};
 use kiln::amp::Precision;
-use kiln::ddp::{Compression, GradientPath};
 use kiln::train::LrScaling;
 
 /// Counts that must be at least one (batch sizes, periods, widths, ...).
@@ -137,19 +136,6 @@ pub struct Args {
     /// Micro-batches accumulated per optimizer step (one all-reduce per step).
     #[arg(long, default_value_t = 1, value_parser = positive())]
     pub accumulation: usize,
-    /// Gradient all-reduce element type.
-    #[arg(long, value_enum, default_value_t = Compression::None)]
-    pub compression: Compression,
-    /// Local SGD: average parameters every N steps instead of all-reducing gradients.
-    #[arg(long, value_parser = positive())]
-    pub local_sgd: Option<usize>,
-    /// All-reduce after the whole backward instead of overlapping it segment by segment.
-    #[arg(long)]
-    pub no_overlap: bool,
-    /// Gradient bucket cap in KiB (the first bucket is capped at a quarter of it). Smaller
-    /// buckets start communicating earlier during backward.
-    #[arg(long, default_value_t = 25 * 1024, value_parser = positive())]
-    pub bucket_kb: usize,
     /// Compare parameter fingerprints across replicas every N steps (0 = never); a mismatch
     /// stops training with an error naming the first differing parameter.
     #[arg(long, default_value_t = 0)]
@@ -158,18 +144,6 @@ pub struct Args {
     /// --batch-size x replicas as the global batch.
     #[arg(long)]
     pub balance: bool,
-    /// Where gradients wait for their all-reduce: `auto` (host buffer on CPU, device buckets
-    /// on accelerators), `host`, or `device` (Burn's native NCCL all-reduce when every
-    /// replica has its own CUDA device, else one host copy per bucket).
-    #[arg(long, value_enum, default_value_t = GradientPath::Auto)]
-    pub gradient_path: GradientPath,
-    /// Synchronised batch norm: normalise with the statistics of every replica's batch
-    /// (exact backward; backward replays each residual block's forward once).
-    #[arg(long)]
-    pub sync_bn: bool,
-    /// ZeRO-1: shard optimizer state over replicas.
-    #[arg(long)]
-    pub zero1: bool,
     /// Compute precision: f32, or mixed precision with f16 (loss-scaled) or bf16 compute and
     /// f32 master weights; every data-parallel option works with it. On the CPU backend (Flex) it
     /// saves activation memory, not time: kiln's convolution and batch norm compute half inputs
@@ -203,53 +177,6 @@ pub struct Args {
     /// Default: the machine's cores divided among this process's replicas.
     #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
-    /// Pipeline parallelism: cut the model into this many stages, one per --devices entry
-    /// (CPU entries may repeat: stages are threads), instead of data-parallel replicas.
-    #[arg(long, value_parser = positive())]
-    pub pipeline: Option<usize>,
-    /// Micro-batches each batch is cut into, in a pipeline (default with --pipeline: 4; with
-    /// the planner: it compares P, 2P and 4P unless this fixes it).
-    #[arg(long, value_parser = positive())]
-    pub micro_batches: Option<usize>,
-    /// Pipeline schedule: gpipe, 1f1b, or interleaved[:V] (V chunks per stage, default 2).
-    /// Default 1f1b; given with the planner, it fixes the schedule of any pipeline it plans.
-    #[arg(long)]
-    pub schedule: Option<kiln::pipeline::schedule::ScheduleKind>,
-    /// Print the pipeline schedule as a time x stage chart before training.
-    #[arg(long)]
-    pub show_schedule: bool,
-    /// With --pipeline: segments per stage (per virtual stage with interleaving), in model
-    /// order, e.g. `--split 4,6` (default: as even as possible by count). ResNet's segments
-    /// are the stem, each block and the head.
-    #[arg(long, value_delimiter = ',', value_parser = positive())]
-    pub split: Option<Vec<usize>>,
-    /// With --pipeline P: D data-parallel pipelines (--devices names D x P entries, pipeline
-    /// after pipeline; with --comm mpi, D x P processes); each step takes D batches, and the
-    /// copies of each stage add their gradients before the optimizer step.
-    #[arg(long, default_value_t = 1, value_parser = positive())]
-    pub data_parallel: usize,
-    /// How to use the devices: `auto` (profile the model, predict every data-parallel,
-    /// pipeline and hybrid plan, train with the fastest that fits), `dp`, `pp=N` (one
-    /// pipeline of N stages), `dp=A,pp=B` (A pipelines of B stages), or a plan saved with
-    /// --save-plan (`plan.json`). Every plan keeps the global batch (--global-batch).
-    #[arg(long, default_value = "auto")]
-    pub plan: kiln::planner::PlanRequest,
-    /// Samples per optimizer step over all devices, the same for every plan compared
-    /// (default: --batch-size x devices).
-    #[arg(long, value_parser = positive())]
-    pub global_batch: Option<usize>,
-    /// Memory each device may use, for the planner: one size for all (`2GiB`, `512MB`) or
-    /// per device (`cpu:0=2GiB,cpu:1=1GiB`). Default: no limit.
-    #[arg(long)]
-    pub device_memory: Option<String>,
-    /// Keep the planner's profiles in this directory and reuse them when the model, batch
-    /// sizes, device, threads and kiln version match.
-    #[arg(long)]
-    pub profile_cache: Option<std::path::PathBuf>,
-    /// Profile the model and predict the step even when nothing is left to choose (data
-    /// parallel on identical devices with equal batches, where the planner skips profiling).
-    #[arg(long)]
-    pub predict: bool,
     /// GPU backends: where compiled kernels and autotune results are kept between processes
     /// (a directory, `default`: cubecl's — `target/environment` inside a cargo workspace, else
     /// ~/.cache/cubecl — or `off`). Processes may share one.
@@ -266,9 +193,18 @@ pub struct Args {
     /// With --profile-kernels: steps before the steady-state mark.
     #[arg(long, default_value_t = 3)]
     pub profile_warmup: usize,
-    /// Write the chosen plan as JSON here (load it back with --plan FILE.json).
-    #[arg(long)]
-    pub save_plan: Option<std::path::PathBuf>,
+    /// Data-parallel options: `--compression`, `--local-sgd`, `--no-overlap`, `--bucket-kb`,
+    /// `--gradient-path`, `--sync-bn`, `--zero1`.
+    #[command(flatten)]
+    pub ddp: kiln::ddp::DdpOptions,
+    /// Pipelines by hand: `--pipeline`, `--micro-batches`, `--schedule`, `--show-schedule`,
+    /// `--split`, `--data-parallel` (with --comm mpi, D x P processes, one stage each).
+    #[command(flatten)]
+    pub pipeline: kiln::pipeline::PipelineOptions,
+    /// The planner: `--plan`, `--global-batch`, `--device-memory`, `--profile-cache`,
+    /// `--predict`, `--save-plan`.
+    #[command(flatten)]
+    pub planner: kiln::planner::PlanOptions,
     /// The run's directory, checkpoints, resume and restarts (`--run-dir`,
     /// `--checkpoint-every`, `--keep`, `--resume`, `--max-restarts`).
     #[command(flatten)]

@@ -54,8 +54,8 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
         ),
     )
     .with("optimizer", "sgd momentum 0.9 weight decay 5e-4")
-    .with("compression", format!("{:?}", args.compression))
-    .with("sync bn", args.sync_bn)
+    .with("compression", format!("{:?}", args.ddp.compression))
+    .with("sync bn", args.ddp.sync_bn)
     .with("clip grad norm", format!("{:?}", args.clip_grad_norm))
     .with("precision", format!("{:?}", args.amp))
 }
@@ -63,7 +63,7 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
 /// Whether a checkpoint can hold this run's state (local SGD's replicas differ between
 /// averagings, which it does not hold yet).
 pub fn saveable(args: &Args) -> bool {
-    args.local_sgd.is_none()
+    args.ddp.local_sgd.is_none()
 }
 
 /// A checkpointer, if the run has a directory and its state can be saved.

@@ -1,50 +1,44 @@
 //! Option combinations the example refuses, because one of them would otherwise be
-//! silently ignored (or, for `--profile-kernels` on CPU devices, give an empty result).
-
-use kiln::planner::PlanRequest;
+//! silently ignored (or, for `--profile-kernels` on CPU devices, give an empty result). The
+//! option groups check themselves (`DdpOptions::check`, `PipelineOptions::check`, ...); this
+//! file checks them against each other.
 
 use kiln::amp::Precision;
-use kiln::ddp::{Compression, GradientPath};
+use kiln::planner::PlanRequest;
 
 use crate::args::{Args, CommArg};
 
 /// The options only data-parallel training supports (set ones, by flag name).
 pub fn data_parallel_only(args: &Args) -> Vec<&'static str> {
-    [
-        (args.comm == CommArg::Mpi, "--comm mpi"),
-        (args.amp != Precision::F32, "--amp"),
-        (args.zero1, "--zero1"),
-        (args.local_sgd.is_some(), "--local-sgd"),
-        (args.compression != Compression::None, "--compression"),
-        (args.sync_bn, "--sync-bn"),
-        (args.balance, "--balance"),
-        (args.accumulation != 1, "--accumulation"),
-        (args.no_overlap, "--no-overlap"),
-        (args.bucket_kb != 25 * 1024, "--bucket-kb"),
-        (args.gradient_path != GradientPath::Auto, "--gradient-path"),
-        (args.check_every != 0, "--check-every"),
-    ]
-    .into_iter()
-    .filter(|(on, _)| *on)
-    .map(|(_, name)| name)
-    .collect()
+    let mut given = args.ddp.given();
+    given.extend(
+        [
+            (args.comm == CommArg::Mpi, "--comm mpi"),
+            (args.amp != Precision::F32, "--amp"),
+            (args.balance, "--balance"),
+            (args.accumulation != 1, "--accumulation"),
+            (args.check_every != 0, "--check-every"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name)),
+    );
+    given
 }
 
-fn plan_text(plan: &PlanRequest) -> String {
-    match plan {
-        PlanRequest::Auto => "auto".into(),
-        PlanRequest::DataParallel => "dp".into(),
-        PlanRequest::Pipeline(p) => format!("pp={p}"),
-        PlanRequest::Hybrid {
-            data_parallel,
-            stages,
-        } => format!("dp={data_parallel},pp={stages}"),
-        PlanRequest::File(path) => path.display().to_string(),
-    }
+/// Of [`data_parallel_only`], those a pipeline does not take (it takes `--amp`,
+/// `--accumulation`, `--check-every` and `--comm mpi`; `auto` still plans them data parallel:
+/// the planner profiles f32 steps of one batch).
+pub fn pipeline_refuses(args: &Args) -> Vec<&'static str> {
+    let takes = ["--amp", "--accumulation", "--check-every", "--comm mpi"];
+    let mut refused = data_parallel_only(args);
+    refused.retain(|option| !takes.contains(option));
+    refused
 }
 
 /// Refuses option combinations that would otherwise be silently ignored.
 pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
+    args.ddp.check().map_err(|e| e.to_string())?;
+    args.pipeline.check().map_err(|e| e.to_string())?;
     // cubecl's profiler times GPU kernels only: a run on CPU devices would leave the file empty.
     let on_a_gpu = kiln::core::DeviceSpec::parse_list(&args.devices)
         .map(|specs| {
@@ -60,85 +54,47 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
             args.devices
         ));
     }
-    if args.local_sgd.is_some() && args.zero1 {
-        return Err(
-            "--local-sgd and --zero1 conflict: ZeRO-1 shards the optimizer of a synchronous step"
-                .into(),
-        );
-    }
-    if args.local_sgd.is_some() && args.sync_bn {
-        return Err(
-            "--local-sgd and --sync-bn conflict: synchronised batch norm needs replicas in step"
-                .into(),
-        );
-    }
-    let dp_only = data_parallel_only(args);
-    // Pipelines also take these; `auto` plans them data parallel (the planner profiles f32
-    // steps of one batch).
-    let pipeline_unsupported: Vec<&str> = dp_only
-        .iter()
-        .copied()
-        .filter(|o| !["--amp", "--accumulation", "--check-every", "--comm mpi"].contains(o))
-        .collect();
-    let planned_pipeline = matches!(
-        args.plan,
-        PlanRequest::Pipeline(_) | PlanRequest::Hybrid { .. }
-    );
-    if args.pipeline.is_some() {
-        if args.plan != PlanRequest::Auto
-            || args.global_batch.is_some()
-            || args.device_memory.is_some()
-            || args.profile_cache.is_some()
-            || args.save_plan.is_some()
-            || args.predict
-        {
-            return Err(
-                "--pipeline fixes the plan by hand: --plan, --global-batch, --device-memory, --profile-cache, --save-plan and --predict are the planner's (use --plan pp=N instead of --pipeline N to plan)"
-                    .into(),
-            );
-        }
+    let refused = pipeline_refuses(args);
+    if args.pipeline.pipeline.is_some() {
+        args.planner
+            .refuse_by_hand("--pipeline")
+            .map_err(|e| e.to_string())?;
         if args.profile_kernels.is_some() {
-            return Err(
-                "--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet"
-                    .into(),
-            );
+            return Err("--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet".into());
         }
-        if !pipeline_unsupported.is_empty() {
+        if !refused.is_empty() {
             return Err(format!(
                 "--pipeline does not support {} yet: it trains pipelines in this process",
-                pipeline_unsupported.join(", ")
+                refused.join(", ")
             ));
         }
     } else {
-        if args.data_parallel != 1 || args.split.is_some() {
-            return Err(
-                "--data-parallel and --split need --pipeline (the planner chooses both: --plan dp=A,pp=B)"
-                    .into(),
-            );
-        }
-        if planned_pipeline && !pipeline_unsupported.is_empty() {
+        // A pipeline asked of the planner refuses them with its own message.
+        args.planner
+            .request(&[], &refused)
+            .map_err(|e| e.to_string())?;
+        let data_parallel = args.planner.plan == PlanRequest::DataParallel
+            || (!args.planner.asks_for_a_pipeline() && !data_parallel_only(args).is_empty());
+        let choices = args.pipeline.choices_given();
+        if !choices.is_empty() && data_parallel {
             return Err(format!(
-                "--plan {} is a pipeline, which does not support {} yet",
-                plan_text(&args.plan),
-                pipeline_unsupported.join(", ")
+                "{} {} a pipeline; this run is data parallel (--plan dp or data-parallel options)",
+                choices.join(", "),
+                if choices.len() == 1 {
+                    "describes"
+                } else {
+                    "describe"
+                }
             ));
         }
-        let pipeline_choices =
-            args.show_schedule || args.micro_batches.is_some() || args.schedule.is_some();
-        let data_parallel =
-            args.plan == PlanRequest::DataParallel || (!planned_pipeline && !dp_only.is_empty());
-        if pipeline_choices && data_parallel {
-            return Err(
-                "--micro-batches, --schedule and --show-schedule describe a pipeline; this run is data parallel (--plan dp or data-parallel options)"
-                    .into(),
-            );
-        }
         if args.comm == CommArg::Mpi
-            && (!matches!(args.plan, PlanRequest::Auto | PlanRequest::DataParallel)
-                || args.global_batch.is_some()
-                || args.device_memory.is_some()
-                || args.profile_cache.is_some()
-                || args.save_plan.is_some())
+            && (!matches!(
+                args.planner.plan,
+                PlanRequest::Auto | PlanRequest::DataParallel
+            ) || args.planner.global_batch.is_some()
+                || args.planner.device_memory.is_some()
+                || args.planner.profile_cache.is_some()
+                || args.planner.save_plan.is_some())
         {
             return Err(
                 "--comm mpi runs data parallel with --batch-size per replica, without the planner (a pipeline across processes is given by hand: --pipeline N, one stage per process): leave out --plan, --global-batch, --device-memory, --profile-cache and --save-plan"

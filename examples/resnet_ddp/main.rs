@@ -19,7 +19,7 @@ use clap::Parser;
 use kiln::amp::MixedPrecision;
 use kiln::core::DeviceSpec;
 use kiln::data::{Cifar10, ImageSource, SyntheticImages, Transform};
-use kiln::ddp::{DataParallel, DdpConfig, SyncMode};
+use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::kernels::FusedSgdConfig;
 use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
@@ -149,7 +149,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
             false => None,
         },
     };
-    if let Some(stages) = args.pipeline {
+    if let Some(stages) = args.pipeline.pipeline {
         checkpoints::record_config(&args, None)?;
         let shape = pipeline::PipelineRun::by_hand(&args, stages);
         return pipeline::run_restarting(&args, &mut setup, devices, shape);
@@ -163,7 +163,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     };
     if plan.is_none()
         && args.comm == CommArg::Local
-        && let Some(global) = args.global_batch
+        && let Some(global) = args.planner.global_batch
     {
         // Nothing was left to plan: equal shares of the global batch.
         setup.planned_batches = Some(vec![global / devices.len(); devices.len()]);
@@ -248,24 +248,13 @@ impl Data {
 
 /// The data-parallel options the command line asks for.
 fn ddp_config(args: &Args) -> DdpConfig {
-    let mode = match args.local_sgd {
-        Some(period) => SyncMode::LocalSgd { period },
-        None => SyncMode::Gradients,
-    };
-    DdpConfig {
-        compression: args.compression,
-        mode,
-        zero1: args.zero1,
-        bucket_cap_bytes: args.bucket_kb << 10,
-        first_bucket_bytes: (args.bucket_kb << 10) / 4,
+    args.ddp.config(DdpConfig {
         divergence_check_every: args.check_every,
-        gradient_path: args.gradient_path,
-        sync_batch_norm: args.sync_bn,
         threads_per_replica: args.threads,
         precision: MixedPrecision::new(args.amp),
         max_grad_norm: args.clip_grad_norm,
         ..DdpConfig::default()
-    }
+    })
 }
 
 /// Takes the planner's choice: a pipeline's shape to run, or (`None`) the data-parallel
@@ -287,13 +276,16 @@ fn follow_plan(
             ..
         } => Ok(Some(pipeline::PipelineRun {
             stages: *stages,
-            data_parallel: *data_parallel,
-            micro_batches: *micro_batches,
-            schedule: schedule.parse()?,
-            split: Some(split.clone()),
+            shape: kiln::pipeline::PipelineConfig {
+                data_parallel: *data_parallel,
+                micro_batches: *micro_batches,
+                schedule: schedule.parse()?,
+                split: Some(split.clone()),
+                gradient_checkpointing: plan.gradient_checkpointing,
+                ..Default::default()
+            },
             batch_size: plan.global_batch / data_parallel,
             predicted_step,
-            gradient_checkpointing: plan.gradient_checkpointing,
         })),
         Layout::DataParallel { batches } => {
             if batches.len() != devices {

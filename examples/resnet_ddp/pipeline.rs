@@ -3,7 +3,6 @@
 
 use burn::tensor::Device;
 use kiln::data::DataLoader;
-use kiln::pipeline::schedule::{Costs, Schedule, simulate};
 use kiln::pipeline::{Pipeline, PipelineConfig};
 use kiln::planner::prediction_line;
 use kiln::resnet::ResNet;
@@ -16,18 +15,13 @@ use crate::args::Args;
 #[derive(Clone)]
 pub struct PipelineRun {
     pub stages: usize,
-    /// Pipelines (D).
-    pub data_parallel: usize,
-    pub micro_batches: usize,
-    pub schedule: kiln::pipeline::schedule::ScheduleKind,
-    /// Segments per virtual stage (`None`: even by count).
-    pub split: Option<Vec<usize>>,
+    /// The schedule, micro-batches, split, data-parallel pipelines and recomputation (the
+    /// rest of the configuration comes from the other options).
+    pub shape: PipelineConfig,
     /// Samples of each pipeline's batch.
     pub batch_size: usize,
     /// The planner's predicted step seconds, shown beside the measured step.
     pub predicted_step: Option<f64>,
-    /// Train with Burn's gradient checkpointing (the planner's memory lever).
-    pub gradient_checkpointing: bool,
 }
 
 impl PipelineRun {
@@ -35,15 +29,9 @@ impl PipelineRun {
     pub fn by_hand(args: &Args, stages: usize) -> Self {
         Self {
             stages,
-            data_parallel: args.data_parallel,
-            micro_batches: args.micro_batches.unwrap_or(4),
-            schedule: args
-                .schedule
-                .unwrap_or(kiln::pipeline::schedule::ScheduleKind::OneFOneB),
-            split: args.split.clone(),
+            shape: args.pipeline.config(PipelineConfig::default()),
             batch_size: args.batch_size,
             predicted_step: None,
-            gradient_checkpointing: false,
         }
     }
 }
@@ -69,7 +57,7 @@ fn run(
     devices: Vec<Device>,
     shape: PipelineRun,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (stages, groups) = (shape.stages, shape.data_parallel);
+    let (stages, groups) = (shape.stages, shape.shape.data_parallel);
     // `--comm mpi`: one stage per process (rank = pipeline x P + stage), each on its own
     // `--devices` entry; rank 0 speaks.
     let world = across_processes(args)?;
@@ -82,17 +70,12 @@ fn run(
             }
         };
     }
-    let (micro_batches, batch_size) = (shape.micro_batches, shape.batch_size);
-    let kind = shape.schedule;
-    let plan = Schedule::new(kind, stages, micro_batches * args.accumulation)?;
-    if args.show_schedule {
-        // Equal stages, backward twice a forward: the textbook shape of this schedule.
-        say!(
-            "{}",
-            plan.chart(&simulate(&plan, &Costs::uniform(1.0, 2.0))?)
-        );
-    }
     let config = pipeline_config(args, &shape);
+    let (micro_batches, batch_size) = (config.micro_batches, shape.batch_size);
+    let kind = config.schedule;
+    if let Some(chart) = args.pipeline.chart(&config, stages)? {
+        say!("{chart}");
+    }
     let summary_config = config.clone();
     let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
         .batch_size(batch_size)
@@ -213,18 +196,13 @@ fn stage_devices(
 }
 
 /// The pipeline's configuration from the options and the run's shape.
-fn pipeline_config(args: &Args, shape: &PipelineRun) -> PipelineConfig {
+fn pipeline_config(args: &Args, run: &PipelineRun) -> PipelineConfig {
     PipelineConfig {
-        schedule: shape.schedule,
-        micro_batches: shape.micro_batches,
         threads_per_stage: args.threads,
-        data_parallel: shape.data_parallel,
         max_grad_norm: args.clip_grad_norm,
-        split: shape.split.clone(),
         precision: kiln::amp::MixedPrecision::new(args.amp),
         accumulation: args.accumulation,
         check_every: args.check_every,
-        gradient_checkpointing: shape.gradient_checkpointing,
         // `--inject-fault panic-at-step:N`: the last stage panics at step N (in the first
         // attempt only: a restarted run does not fail again).
         panic_at_step: args
@@ -232,7 +210,7 @@ fn pipeline_config(args: &Args, shape: &PipelineRun) -> PipelineConfig {
             .as_ref()
             .filter(|fault| fault.take())
             .map(|fault| fault.step()),
-        ..PipelineConfig::default()
+        ..run.shape.clone()
     }
 }
 

@@ -5,15 +5,13 @@ use std::sync::Arc;
 use burn::tensor::Device;
 use kiln::core::DeviceSpec;
 use kiln::data::DataLoader;
-use kiln::planner::{
-    Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning, parse_memory_limits,
-};
+use kiln::planner::{Fixed, ModelProfile, Plan, PlanError, ProfileKey, RunPlanning};
 use kiln::resnet::ResNet;
 use kiln::train::Classification;
 
 use crate::Setup;
 use crate::args::Args;
-use crate::conflicts::data_parallel_only;
+use crate::conflicts::{data_parallel_only, pipeline_refuses};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -31,20 +29,16 @@ pub fn choose(
         .split(',')
         .map(|d| d.trim().to_string())
         .collect();
-    let dp_only = data_parallel_only(args);
-    let request = if args.plan == PlanRequest::Auto && !dp_only.is_empty() {
-        println!(
-            "planner: comparing data-parallel plans only ({} need data parallelism)",
-            dp_only.join(", ")
-        );
-        PlanRequest::DataParallel
-    } else {
-        args.plan.clone()
-    };
+    let (request, note) = args
+        .planner
+        .request(&data_parallel_only(args), &pipeline_refuses(args))?;
+    if let Some(note) = note {
+        println!("{note}");
+    }
     let threads = args
         .threads
         .unwrap_or_else(|| kiln::ddp::default_threads_per_replica(n));
-    let planning = RunPlanning {
+    let planning = args.planner.apply(RunPlanning {
         model: format!(
             "resnet{} width {} cifar-stem 10 classes",
             args.model, args.width
@@ -56,19 +50,19 @@ pub fn choose(
             .zip(devices.iter().cloned())
             .map(|((name, spec), device)| (name, spec, device))
             .collect(),
-        global_batch: args.global_batch.unwrap_or(args.batch_size * n),
+        global_batch: args.batch_size * n,
         request,
         fixed: Fixed {
-            schedule: args.schedule,
-            micro_batches: args.micro_batches,
+            schedule: args.pipeline.schedule,
+            micro_batches: args.pipeline.micro_batches,
         },
-        memory: parse_memory_limits(args.device_memory.as_deref(), &names)?,
+        memory: Vec::new(),
         threads,
         optimizer: "sgd momentum 0.9".into(),
         optimizer_state_factor: 1.0,
-        profile_cache: args.profile_cache.clone(),
-        predict: args.predict || args.save_plan.is_some(),
-    };
+        profile_cache: None,
+        predict: false,
+    })?;
     let planned = planning.choose(|device, key| {
         profile_model(args, setup, device, key, threads)
             .map_err(|err| PlanError::Request(format!("profiling: {err}")))
@@ -76,10 +70,8 @@ pub fn choose(
     for note in &planned.notes {
         println!("{note}");
     }
-    if let (Some(path), Some(plan)) = (&args.save_plan, &planned.plan) {
-        std::fs::write(path, plan.to_json())
-            .map_err(|err| format!("--save-plan {}: {err}", path.display()))?;
-        println!("planner: plan saved to {}", path.display());
+    if let Some(note) = args.planner.save(planned.plan.as_ref())? {
+        println!("{note}");
     }
     Ok(planned.plan)
 }

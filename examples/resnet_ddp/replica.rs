@@ -92,7 +92,8 @@ pub(crate) fn train_replica(
     let steps_per_epoch = train_loader.num_batches() / args.accumulation;
     let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
     let step_samples = if args.balance {
-        args.global_batch
+        args.planner
+            .global_batch
             .unwrap_or(args.batch_size * replica.world_size())
     } else if let Some(batches) = &setup.planned_batches {
         batches.iter().sum()
@@ -117,11 +118,7 @@ pub(crate) fn train_replica(
         primary,
     )?;
     let (model, optimizer, position) = (start.model, start.optimizer, start.position);
-    let mut step = if args.no_overlap {
-        replica.non_overlapped_step()
-    } else {
-        replica.overlapped_step()
-    };
+    let mut step = args.ddp.step_with(&replica, Classification);
     GradientStep::<ResNet>::restore_state(&mut step, &start.step_state)?;
     let watch = step.watch(replica.rank());
     let mut builder = Trainer::builder(model, optimizer)
@@ -177,7 +174,8 @@ fn batch_share(
     Ok(if args.balance {
         let split = replica.split_batch(
             measure_throughput(model, setup, args, device)?,
-            args.global_batch
+            args.planner
+                .global_batch
                 .unwrap_or(args.batch_size * replica.world_size()),
         )?;
         if replica.is_primary() {

@@ -32,10 +32,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod options;
 mod runtime;
 /// Pipeline schedules as data: the [`kiln_schedule`] crate, which needs no runtime.
 pub use kiln_schedule as schedule;
 
+pub use options::PipelineOptions;
 pub use runtime::{Pipeline, PipelineConfig, PipelineError, PipelineReport, StageReport};
 
 // The unit tests count each stage's memory, as a binary that installs the allocator does.

@@ -38,6 +38,7 @@ mod lever_tests;
 mod memory;
 mod memory_limits;
 mod model_profile;
+mod options;
 mod partition;
 #[cfg(test)]
 mod partition_tests;
@@ -59,6 +60,7 @@ pub use interconnect::measure_interconnect;
 pub use memory::TrackingAllocator;
 pub use memory_limits::parse_memory_limits;
 pub use model_profile::{ModelProfile, ProfileCache, ProfileKey, SegmentAt};
+pub use options::PlanOptions;
 pub use partition::{
     DeviceCapacity, PlanError, SegmentCost, StagePlan, balance_stages, human_bytes,
 };

@@ -84,6 +84,22 @@ impl FromStr for PlanRequest {
     }
 }
 
+impl std::fmt::Display for PlanRequest {
+    /// As `--plan` takes it: `auto`, `dp`, `pp=N`, `dp=A,pp=B` or the plan file's path.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::DataParallel => f.write_str("dp"),
+            Self::Pipeline(stages) => write!(f, "pp={stages}"),
+            Self::Hybrid {
+                data_parallel,
+                stages,
+            } => write!(f, "dp={data_parallel},pp={stages}"),
+            Self::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
 /// Choices the user fixed; the planner makes the others.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Fixed {
