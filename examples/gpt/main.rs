@@ -117,6 +117,12 @@ pub struct Args {
 }
 
 fn main() -> ExitCode {
+    // Every step frees and allocates the same large buffers: keeping them in the process
+    // spares the page faults of taking them back from the system each step (as the bench
+    // and the ResNet example do).
+    if let Err(err) = kiln::core::retain_freed_memory() {
+        eprintln!("note: {err}");
+    }
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
