@@ -60,18 +60,9 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, Box<dyn std::error::Erro
     if let Some(note) = note {
         println!("{note}");
     }
-    let choices = args.pipeline.choices_given();
-    if request == PlanRequest::DataParallel && !choices.is_empty() {
-        return Err(format!(
-            "{} {} a pipeline; this run is data parallel (--plan dp or --zero1)",
-            choices.join(", "),
-            if choices.len() == 1 {
-                "describes"
-            } else {
-                "describe"
-            }
-        )
-        .into());
+    if request == PlanRequest::DataParallel {
+        args.pipeline
+            .refuse_in_data_parallel("--plan dp or --zero1")?;
     }
     Ok(request)
 }

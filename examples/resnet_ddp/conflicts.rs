@@ -75,17 +75,10 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let data_parallel = args.planner.plan == PlanRequest::DataParallel
             || (!args.planner.asks_for_a_pipeline() && !data_parallel_only(args).is_empty());
-        let choices = args.pipeline.choices_given();
-        if !choices.is_empty() && data_parallel {
-            return Err(format!(
-                "{} {} a pipeline; this run is data parallel (--plan dp or data-parallel options)",
-                choices.join(", "),
-                if choices.len() == 1 {
-                    "describes"
-                } else {
-                    "describe"
-                }
-            ));
+        if data_parallel {
+            args.pipeline
+                .refuse_in_data_parallel("--plan dp or data-parallel options")
+                .map_err(|e| e.to_string())?;
         }
         if args.comm == CommArg::Mpi
             && (!matches!(

@@ -99,6 +99,27 @@ impl PipelineOptions {
         .collect()
     }
 
+    /// Refuses the pipeline choices in a run that is data parallel (`why` says what made it
+    /// so, e.g. `--plan dp`): each would be ignored.
+    ///
+    /// # Errors
+    /// [`PipelineError::Config`], naming the choices given.
+    pub fn refuse_in_data_parallel(&self, why: &str) -> Result<(), PipelineError> {
+        let choices = self.choices_given();
+        if choices.is_empty() {
+            return Ok(());
+        }
+        let verb = if choices.len() == 1 {
+            "describes"
+        } else {
+            "describe"
+        };
+        Err(PipelineError::Config(format!(
+            "{} {verb} a pipeline; this run is data parallel ({why})",
+            choices.join(", ")
+        )))
+    }
+
     /// `base` with the pipeline given by hand written in: the schedule (1F1B unless given),
     /// micro-batches (4 unless given), the split and the data-parallel pipelines.
     pub fn config(&self, base: PipelineConfig) -> PipelineConfig {
