@@ -24,9 +24,10 @@ pub fn identity(args: &Args, text: &str) -> RunIdentity {
         .with("tied head", !args.untied)
         .with("text", text)
         .with("windows per step", args.batch_size)
+        .with("accumulation", args.step.accumulation)
         .with("lr", args.lr)
         .with("weight decay", args.weight_decay)
         .with("steps", args.steps)
         .with("seed", args.seed)
-        .with("amp", format!("{:?}", args.amp))
+        .with("amp", format!("{:?}", args.step.amp))
 }

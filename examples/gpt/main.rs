@@ -16,18 +16,19 @@ use std::time::Instant;
 use burn::module::Module;
 use burn::tensor::Device;
 use clap::Parser;
-use kiln::amp::{MixedPrecision, Precision};
-use kiln::checkpoint::{RunOptions, start_from};
+use kiln::checkpoint::RunOptions;
 use kiln::core::DeviceSpec;
 use kiln::data::{TextCorpus, TextWindows};
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::gpt::{Gpt, GptConfig};
 use kiln::kernels::FusedAdamWConfig;
-use kiln::pipeline::{Pipeline, PipelineConfig, PipelineOptions};
+use kiln::pipeline::{Pipeline, PipelineOptions, PipelineShape};
 use kiln::planner::{PlanOptions, PlanRequest};
 
-use crate::layout::{Stages, chosen, plan_request};
-use kiln::train::{LanguageModeling, LrSchedule, TrainReport, Trainer};
+use crate::layout::{chosen, plan_request};
+use kiln::train::{
+    LanguageModeling, LrSchedule, TrainReport, Trainer, positive_count, positive_rate,
+};
 
 mod checkpoints;
 mod layout;
@@ -59,36 +60,32 @@ pub struct Args {
     #[arg(long)]
     text: Option<std::path::PathBuf>,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = positive_count)]
     steps: usize,
-    /// Windows per step (over every replica).
-    #[arg(long, default_value_t = 32)]
+    /// Windows per batch (over every replica; a step takes --accumulation batches).
+    #[arg(long, default_value_t = 32, value_parser = positive_count)]
     batch_size: usize,
     /// Tokens per window (the model's context).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive_count)]
     context: usize,
     /// Transformer blocks.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = positive_count)]
     layers: usize,
     /// Attention heads.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = positive_count)]
     heads: usize,
     /// Model width.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = positive_count)]
     width: usize,
     /// An output head of its own instead of the token embedding (tied, a pipeline's last
     /// stage holds a copy of the embedding and the stages sum its gradient every step).
     #[arg(long)]
     untied: bool,
-    /// Every this many steps (0: never), replicas compare their parameters bit for bit, and
-    /// a pipeline's stages their copies of the tied embedding; a difference ends the run.
-    #[arg(long, default_value_t = 0)]
-    check_every: usize,
     /// AdamW's weight decay, on the weight matrices only (not biases, norms, embeddings).
     #[arg(long, default_value_t = 0.1)]
     weight_decay: f32,
     /// AdamW's peak learning rate (after 50 warm-up steps, cosine to a tenth).
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 2e-3, value_parser = positive_rate)]
     lr: f64,
     /// Seed of the model and the windows.
     #[arg(long, default_value_t = 1)]
@@ -96,13 +93,11 @@ pub struct Args {
     /// Bytes to generate at the end.
     #[arg(long, default_value_t = 240)]
     sample: usize,
-    /// Compute precision: f32, or f16 (loss-scaled) or bf16 compute on f32 master weights.
-    #[arg(long, value_enum, default_value_t = Precision::F32)]
-    amp: Precision,
-    /// Clip gradients to this global norm (over every parameter; a pipeline's stages agree
-    /// on it, counting a tied embedding once).
-    #[arg(long)]
-    clip_grad_norm: Option<f32>,
+    /// The step: `--amp`, `--clip-grad-norm`, `--accumulation` (batches per step),
+    /// `--check-every` (replicas' parameters, or a pipeline's copies of the tied embedding,
+    /// compared bit for bit), `--threads`.
+    #[command(flatten)]
+    step: kiln::train::StepOptions,
     /// The run's directory, checkpoints, resume and restarts (`--run-dir`,
     /// `--checkpoint-every`, `--keep`, `--resume`, `--max-restarts`), under any plan.
     #[command(flatten)]
@@ -111,6 +106,10 @@ pub struct Args {
     /// parameters (AdamW's two moments: 2/3 of the training state) and updates only those.
     #[arg(long)]
     zero1: bool,
+    /// GPU backends: `--gpu-cache`, `--autotune-level`, `--profile-kernels` (data parallel),
+    /// `--profile-warmup`.
+    #[command(flatten)]
+    gpu: kiln::core::gpu_options::GpuOptions,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
@@ -123,10 +122,24 @@ fn main() -> ExitCode {
     if let Err(err) = kiln::core::retain_freed_memory() {
         eprintln!("note: {err}");
     }
-    match run(Args::parse()) {
+    let args = Args::parse();
+    // Before any GPU is touched.
+    if let Err(err) = args.gpu.apply() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
+    let placement = format!(
+        "--devices {}, --batch-size {}",
+        args.devices, args.batch_size
+    );
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err}");
+            let text = err.to_string();
+            eprintln!("error: {text}");
+            if let Some(hint) = kiln::train::out_of_memory_hint(&text, &placement) {
+                eprintln!("{hint}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -144,18 +157,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (train, held_out) = corpus.split(0.05)?;
     args.run.check()?;
+    args.gpu.check(&specs)?;
     let request = plan_request(&args)?;
-    if args
-        .clip_grad_norm
-        .is_some_and(|norm| !(norm > 0.0 && norm.is_finite()))
-    {
-        return Err("--clip-grad-norm must be positive and finite".into());
-    }
     let identity = checkpoints::identity(&args, corpus.name());
     let from = args.run.resume_from()?;
-    if let Some(path) = &from {
-        println!("resume: {}", path.display());
-    }
     let config = GptConfig::new(
         checkpoints::BYTE_VOCABULARY,
         args.context,
@@ -202,7 +207,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             None => {
                 let (report, model) = data_parallel(&args, &data, from, devices.clone())?;
                 // The median step after the first (none with one step: nothing to compare).
-                let measured = report.median_step_seconds(args.batch_size / devices.len());
+                let step_windows = args.batch_size / devices.len() * args.step.accumulation;
+                let measured = report.median_step_seconds(step_windows);
                 Ok(((report, model), measured))
             }
             Some(stages) => pipelined(&args, &data, from, devices.clone(), stages),
@@ -210,15 +216,21 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let ((report, model), measured) = args.run.with_restarts(data.from.clone(), attempt)?;
     let seconds = started.elapsed().as_secs_f64();
-    if let Some(predicted) = layout.2 {
-        println!("{}", kiln::planner::prediction_line(predicted, measured));
+    match layout.2 {
+        Some(_) if args.step.accumulation > 1 => println!(
+            "prediction: not compared (the planner predicts steps of one batch, these took {})",
+            args.step.accumulation
+        ),
+        Some(predicted) => println!("{}", kiln::planner::prediction_line(predicted, measured)),
+        None => {}
     }
     // A resumed run trains from its checkpoint's step.
     let first = match &data.from {
         Some(path) => kiln::checkpoint::Manifest::read(path)?.position.step,
         None => 0,
     };
-    let tokens = args.steps.saturating_sub(first) * args.batch_size * args.context;
+    let tokens =
+        args.steps.saturating_sub(first) * args.batch_size * args.step.accumulation * args.context;
     let last = report.epochs.last().ok_or("no epoch was summarised")?;
     let held_out_loss = last.valid_loss.ok_or("no held-out loss")?;
     println!(
@@ -288,21 +300,23 @@ fn data_parallel(
         .into());
     }
     let config = DdpConfig {
-        divergence_check_every: args.check_every,
-        precision: MixedPrecision::new(args.amp),
-        max_grad_norm: args.clip_grad_norm,
         zero1: args.zero1,
-        ..DdpConfig::default()
+        ..DdpConfig::default().with_steps(&args.step)
     };
+    let attempt = args.run.attempt(&data.identity, from, data.stop.as_ref());
     let mut outcomes = DataParallel::new(devices).config(config).run(|replica| {
         let device = replica.train_device();
         let (model, optimizer) = (data.build(args.seed, &device), optimizer(args));
         // Under ZeRO-1 the optimizer keeps (and resumes) its own parameters' state only.
         let owned = replica.optimizer_shard(&model);
         // Every replica resumes from the checkpoint (they hold the same state).
-        let start = start_from(from, &data.identity, model, optimizer, owned.as_deref())
+        let start = (attempt.start(model, optimizer, owned.as_deref()))
             .map_err(kiln::train::TrainError::checkpoint)?;
         let (model, optimizer, position) = (start.model, start.optimizer, start.position);
+        let primary = replica.rank() == 0;
+        if let Some(line) = attempt.resume_line(&position).filter(|_| primary) {
+            println!("{line}");
+        }
         let model = replica.broadcast_module(model)?;
         let mut step = replica.overlapped_step_with(LanguageModeling);
         kiln::train::GradientStep::<Gpt, kiln::data::TokenBatch>::restore_state(
@@ -316,26 +330,22 @@ fn data_parallel(
             .seed(args.seed)
             .device(device.clone())
             .build()?;
-        let primary = replica.rank() == 0;
-        let mut trainer = Trainer::with_objective(model, optimizer, LanguageModeling)
+        let trainer = Trainer::with_objective(model, optimizer, LanguageModeling)
             .gradient_step(step)
             .schedule(data.schedule)
             .train_loader(windows)
             .max_steps(args.steps)
-            .resume_at(position)
+            .accumulation_steps(args.step.accumulation)
             .progress(primary && !args.quiet)
             .log_epochs(primary);
-        if let Some(saver) = args.run.checkpointer(&data.identity) {
-            let saver = saver.for_replica(replica.rank(), replica.world_size(), owned.is_some());
-            trainer = trainer.checkpoint(saver);
-        }
-        if let Some(flag) = &data.stop {
-            trainer = trainer.stop_flag(flag.clone());
-        }
+        let ranks = (replica.rank(), replica.world_size());
+        let mut trainer = attempt.replica_trainer(trainer, &position, ranks, owned.is_some())?;
         if primary {
             trainer = trainer.valid_loader(data.held_out_windows(replica.device().clone())?);
-            if let Some(log) = args.run.run_log(&position)? {
-                trainer = trainer.observer(log);
+            if let Some(file) = &args.gpu.profile_kernels {
+                let warmup = args.gpu.profile_warmup;
+                let mark = kiln::train::SteadyStateMark::new(file, warmup, device.clone());
+                trainer = trainer.observer(mark);
             }
         }
         trainer.build()?.fit()
@@ -354,9 +364,12 @@ fn pipelined(
     data: &Data,
     from: Option<&std::path::Path>,
     devices: Vec<Device>,
-    stages: &Stages,
+    stages: &PipelineShape,
 ) -> Result<Trained, Box<dyn std::error::Error>> {
-    let pipelines = stages.shape.data_parallel;
+    if args.gpu.profile_kernels.is_some() {
+        return Err("--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet".into());
+    }
+    let pipelines = stages.config.data_parallel;
     if !args.batch_size.is_multiple_of(pipelines) {
         return Err(format!(
             "--batch-size {} does not split over {pipelines} pipelines",
@@ -364,13 +377,8 @@ fn pipelined(
         )
         .into());
     }
-    let config = PipelineConfig {
-        check_every: args.check_every,
-        precision: MixedPrecision::new(args.amp),
-        max_grad_norm: args.clip_grad_norm,
-        ..stages.shape.clone()
-    };
-    if let Some(chart) = args.pipeline.chart(&config, stages.count)? {
+    let config = stages.config.clone().with_steps(&args.step);
+    if let Some(chart) = args.pipeline.chart(&config, stages.stages)? {
         println!("{chart}");
     }
     // Each step takes one batch per pipeline.
@@ -380,24 +388,15 @@ fn pipelined(
         .seed(args.seed)
         .device(config.train_device(&devices[0]))
         .build()?;
-    let mut pipeline = Pipeline::with_objective(devices.clone(), LanguageModeling)
+    let attempt = args.run.attempt(&data.identity, from, data.stop.as_ref());
+    let (pipeline, position) = Pipeline::with_objective(devices.clone(), LanguageModeling)
         .config(config)
         .valid_loader(data.held_out_windows(devices[0].clone())?)
         .progress(!args.quiet)
-        .log_epochs(true);
-    if let Some(saver) = args.run.checkpointer(&data.identity) {
-        pipeline = pipeline.checkpoint(saver);
-    }
-    let mut position = kiln::train::TrainPosition::default();
-    if let Some(path) = from {
-        position = kiln::checkpoint::Manifest::read(path)?.position.into();
-        pipeline = pipeline.resume(path, data.identity.clone());
-    }
-    if let Some(flag) = &data.stop {
-        pipeline = pipeline.stop_flag(flag.clone());
-    }
-    if let Some(log) = args.run.run_log(&position)? {
-        pipeline = pipeline.observer(log);
+        .log_epochs(true)
+        .attempt(&attempt, true)?;
+    if let Some(line) = attempt.resume_line(&position) {
+        println!("{line}");
     }
     let report = pipeline.train(
         |device: &Device| data.build(args.seed, device),
@@ -424,22 +423,11 @@ fn choose_layout(
     request: PlanRequest,
     (specs, devices): (&[DeviceSpec], &[Device]),
 ) -> Result<layout::Chosen, Box<dyn std::error::Error>> {
-    Ok(match (args.pipeline.pipeline, request) {
-        (Some(stages), _) if stages * args.pipeline.data_parallel != devices.len() => {
-            return Err(format!(
-                "--pipeline {stages} --data-parallel {} needs {} --devices entries (one per stage of each pipeline), got {}",
-                args.pipeline.data_parallel,
-                stages * args.pipeline.data_parallel,
-                devices.len()
-            )
-            .into());
+    Ok(match (PipelineShape::by_hand(&args.pipeline), request) {
+        (Some(shape), _) => {
+            shape.check_devices(devices.len())?;
+            layout::by_hand(shape)
         }
-        (Some(stages), _) => Stages {
-            count: stages,
-            shape: args.pipeline.config(PipelineConfig::default()),
-            predicted: None,
-        }
-        .described(),
         (None, request) => {
             let named = args.devices.split(',').map(|d| d.trim().to_string());
             let named: Vec<_> = named

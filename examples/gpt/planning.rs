@@ -18,7 +18,8 @@ pub fn choose(
     request: PlanRequest,
     devices: &[(String, DeviceSpec, Device)],
 ) -> Result<Option<Plan>, Box<dyn std::error::Error>> {
-    let threads = kiln::ddp::default_threads_per_replica(devices.len());
+    let threads = (args.step.threads)
+        .unwrap_or_else(|| kiln::ddp::default_threads_per_replica(devices.len()));
     let planning = args.planner.apply(RunPlanning {
         model: format!(
             "gpt bytes {} layers {} heads width {} context {}{}",

@@ -191,14 +191,15 @@ fn launch_takes_the_job_after_a_double_dash() {
     .expect("a launch");
     assert_eq!(
         args.command,
-        Some(super::Command::Launch {
+        Some(super::Command::Launch(kiln::checkpoint::LaunchOptions {
             max_restarts: 2,
             attempt_timeout: None,
             job: ["mpirun", "-np", "2", "x", "--resume", "latest"]
                 .map(String::from)
                 .to_vec(),
-        })
+        }))
     );
-    // The control: no job, nothing to launch.
+    // The control: no job, nothing to launch; no timeout of zero seconds.
     assert!(parse(&["launch", "--max-restarts", "2"]).is_err());
+    assert!(parse(&["launch", "--attempt-timeout", "0", "--", "x"]).is_err());
 }

@@ -2,11 +2,9 @@
 //! the option whose state a checkpoint does not hold. `--run-dir` and the other checkpoint
 //! options are kiln's `RunOptions`.
 
-use burn::optim::ModuleOptimizer;
-use kiln::checkpoint::{Checkpointer, RunIdentity, RunStart, start_from};
-use kiln::resnet::ResNet;
-use kiln::train::TrainError;
+use kiln::checkpoint::{Attempt, RunIdentity};
 
+use crate::Setup;
 use crate::args::{Args, CommArg};
 
 /// Refuses checkpoint options this run cannot honour: local SGD's replicas differ between
@@ -43,7 +41,7 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
     .with("lr", args.lr)
     .with("lr scaling", format!("{:?}", args.lr_scaling))
     .with("samples per step", step_samples)
-    .with("accumulation", args.accumulation)
+    .with("accumulation", args.step.accumulation)
     .with("total steps", steps)
     .with("seed", args.seed)
     .with(
@@ -56,8 +54,8 @@ pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
     .with("optimizer", "sgd momentum 0.9 weight decay 5e-4")
     .with("compression", format!("{:?}", args.ddp.compression))
     .with("sync bn", args.ddp.sync_bn)
-    .with("clip grad norm", format!("{:?}", args.clip_grad_norm))
-    .with("precision", format!("{:?}", args.amp))
+    .with("clip grad norm", format!("{:?}", args.step.clip_grad_norm))
+    .with("precision", format!("{:?}", args.step.amp))
 }
 
 /// Whether a checkpoint can hold this run's state (local SGD's replicas differ between
@@ -66,37 +64,17 @@ pub fn saveable(args: &Args) -> bool {
     args.ddp.local_sgd.is_none()
 }
 
-/// A checkpointer, if the run has a directory and its state can be saved.
-pub fn saver(args: &Args, identity: &RunIdentity) -> Option<Checkpointer> {
-    if !saveable(args) {
-        return None;
+/// This attempt of the run (from `setup`'s checkpoint, stopping at its SIGTERM flag), with
+/// the devices in every checkpoint's layout; saving nothing when the state cannot be held.
+pub fn attempt(args: &Args, setup: &Setup, step_samples: usize, steps: usize) -> Attempt {
+    let identity = identity(args, step_samples, steps);
+    let from = setup.resume_from.as_deref();
+    let attempt =
+        (args.run.attempt(&identity, from, setup.stop.as_ref())).layout("devices", &args.devices);
+    match saveable(args) {
+        true => attempt,
+        false => attempt.without_checkpoints(),
     }
-    let saver = args.run.checkpointer(identity)?;
-    Some(saver.layout("devices", &args.devices))
-}
-
-/// Where a replica starts: `from` (said by the primary replica), or fresh; `owned`: the
-/// parameters whose optimizer state it keeps (ZeRO-1), all when `None`.
-pub fn start(
-    from: Option<&std::path::Path>,
-    identity: &RunIdentity,
-    (model, optimizer): (ResNet, ModuleOptimizer),
-    owned: Option<&[String]>,
-    primary: bool,
-) -> Result<RunStart<ResNet>, TrainError> {
-    let start =
-        start_from(from, identity, model, optimizer, owned).map_err(TrainError::checkpoint)?;
-    if primary && let Some(path) = &start.resumed_from {
-        let position = &start.position;
-        println!(
-            "resume: {} (step {}, epoch {}, step {} of it)",
-            path.display(),
-            position.step,
-            position.epoch,
-            position.step_in_epoch
-        );
-    }
-    Ok(start)
 }
 
 /// Writes the resolved options (and the plan, when there is one) into the run directory.

@@ -1,6 +1,6 @@
 //! Option combinations the example refuses, because one of them would otherwise be
-//! silently ignored (or, for `--profile-kernels` on CPU devices, give an empty result). The
-//! option groups check themselves (`DdpOptions::check`, `PipelineOptions::check`, ...); this
+//! silently ignored (or, for `--profile-kernels` on CPU devices, give an empty result:
+//! `GpuOptions::check`). The option groups check themselves (`DdpOptions::check`, `PipelineOptions::check`, ...); this
 //! file checks them against each other.
 
 use kiln::amp::Precision;
@@ -14,10 +14,10 @@ pub fn data_parallel_only(args: &Args) -> Vec<&'static str> {
     given.extend(
         [
             (args.comm == CommArg::Mpi, "--comm mpi"),
-            (args.amp != Precision::F32, "--amp"),
+            (args.step.amp != Precision::F32, "--amp"),
             (args.balance, "--balance"),
-            (args.accumulation != 1, "--accumulation"),
-            (args.check_every != 0, "--check-every"),
+            (args.step.accumulation != 1, "--accumulation"),
+            (args.step.check_every != 0, "--check-every"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name)),
@@ -39,27 +39,16 @@ pub fn pipeline_refuses(args: &Args) -> Vec<&'static str> {
 pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
     args.ddp.check().map_err(|e| e.to_string())?;
     args.pipeline.check().map_err(|e| e.to_string())?;
-    // cubecl's profiler times GPU kernels only: a run on CPU devices would leave the file empty.
-    let on_a_gpu = kiln::core::DeviceSpec::parse_list(&args.devices)
-        .map(|specs| {
-            specs
-                .iter()
-                .any(|s| !matches!(s, kiln::core::DeviceSpec::Cpu(_)))
-        })
-        .unwrap_or(true); // a bad --devices is refused with its own message
-    if args.profile_kernels.is_some() && !on_a_gpu {
-        return Err(format!(
-            "--profile-kernels times GPU kernels, and --devices {} names none (CPU devices run \
-             Burn's and kiln's CPU kernels, which it does not see)",
-            args.devices
-        ));
+    // A bad --devices is refused with its own message.
+    if let Ok(specs) = kiln::core::DeviceSpec::parse_list(&args.devices) {
+        args.gpu.check(&specs).map_err(|e| e.to_string())?;
     }
     let refused = pipeline_refuses(args);
     if args.pipeline.pipeline.is_some() {
         args.planner
             .refuse_by_hand("--pipeline")
             .map_err(|e| e.to_string())?;
-        if args.profile_kernels.is_some() {
+        if args.gpu.profile_kernels.is_some() {
             return Err("--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet".into());
         }
         if !refused.is_empty() {

@@ -10,30 +10,26 @@
 //! ```
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use clap::Parser;
-use kiln::amp::MixedPrecision;
 use kiln::core::DeviceSpec;
-use kiln::data::{Cifar10, ImageSource, SyntheticImages, Transform};
+use kiln::data::ImageTask;
 use kiln::ddp::{DataParallel, DdpConfig};
 use kiln::kernels::FusedSgdConfig;
+use kiln::pipeline::PipelineShape;
 use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
 
 mod args;
 mod checkpoints;
 mod conflicts;
-mod launch;
 mod pipeline;
 mod planning;
 mod replica;
 mod report;
-mod selftest;
-mod startup;
 
 use replica::{announce, run_mpi, train_replica};
 
@@ -59,7 +55,7 @@ fn main() -> ExitCode {
         args.inject_fault = None;
     }
     // Before any GPU is touched (the selftest's and the doctor's too).
-    if let Err(err) = startup::gpu_runtime(&args).apply() {
+    if let Err(err) = args.gpu.apply() {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }
@@ -71,12 +67,29 @@ fn main() -> ExitCode {
             print!("{checkup}");
             Some(checkup.passed())
         }
-        Some(args::Command::Selftest) => Some(selftest::run(&args.devices)),
-        Some(args::Command::Launch {
-            max_restarts,
-            attempt_timeout,
-            job,
-        }) => Some(launch::run(job, *max_restarts, *attempt_timeout)),
+        Some(args::Command::Selftest) => {
+            match kiln::ddp::SelfTest::on(&args.devices).and_then(|test| test.run()) {
+                Ok(report) => {
+                    println!("{report}");
+                    Some(report.passed())
+                }
+                Err(err) => {
+                    println!("selftest: {err}");
+                    Some(false)
+                }
+            }
+        }
+        Some(args::Command::Launch(launch)) => {
+            let outcome = launch.run();
+            match &outcome {
+                Ok(done) => eprintln!(
+                    "launch: the job succeeded after {} restart(s)",
+                    done.restarts
+                ),
+                Err(err) => eprintln!("error: {err}"),
+            }
+            Some(outcome.is_ok())
+        }
         None => None,
     };
     if let Some(passed) = passed {
@@ -95,7 +108,7 @@ fn main() -> ExitCode {
         Err(err) => {
             let text = err.to_string();
             eprintln!("error: {text}");
-            if let Some(hint) = startup::out_of_memory_hint(&text, &placement) {
+            if let Some(hint) = kiln::train::out_of_memory_hint(&text, &placement) {
                 eprintln!("{hint}");
             }
             ExitCode::FAILURE
@@ -105,10 +118,8 @@ fn main() -> ExitCode {
 
 /// What every replica shares.
 struct Setup {
-    train: Arc<dyn ImageSource>,
-    valid: Arc<dyn ImageSource>,
-    transforms: Vec<Transform>,
-    valid_transforms: Vec<Transform>,
+    /// CIFAR-10 from `--data` (augmented, normalised), else a synthetic CIFAR-shaped task.
+    task: ImageTask,
     model: ResNetConfig,
     /// Each replica's batch, when the plan gives uneven shares.
     planned_batches: Option<Vec<usize>>,
@@ -124,22 +135,22 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         .iter()
         .map(DeviceSpec::device)
         .collect::<Result<Vec<_>, _>>()?;
-    let data = Data::load(&args)?;
+    let task = match &args.data {
+        Some(dir) => ImageTask::cifar10(dir)?,
+        None => ImageTask::synthetic_cifar(args.synthetic_samples, 10, args.seed),
+    };
     let model =
         ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
     let mut config = ddp_config(&args);
     refuse_conflicts(&args)?;
     checkpoints::refuse_conflicts(&args)?;
-    if args.amp != Precision::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
+    if args.step.amp != Precision::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
         eprintln!(
             "note: --amp on the CPU backend saves activation memory, not time (bf16 steps run at about f32 speed, f16 steps about 1.8x slower: Flex's f16 element-wise kernels)"
         );
     }
     let mut setup = Setup {
-        train: data.train,
-        valid: data.valid,
-        transforms: data.transforms,
-        valid_transforms: data.valid_transforms,
+        task,
         model,
         planned_batches: None,
         resume_from: args.run.resume_from()?,
@@ -149,10 +160,10 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
             false => None,
         },
     };
-    if let Some(stages) = args.pipeline.pipeline {
+    if let Some(shape) = PipelineShape::by_hand(&args.pipeline) {
         checkpoints::record_config(&args, None)?;
-        let shape = pipeline::PipelineRun::by_hand(&args, stages);
-        return pipeline::run_restarting(&args, &mut setup, devices, shape);
+        let batch = args.batch_size;
+        return pipeline::run_restarting(&args, &mut setup, devices, (shape, batch));
     }
     // MPI runs are data parallel over every process's devices (planned per process, they
     // would be planned apart); the in-process run asks the planner.
@@ -203,104 +214,33 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     Ok(())
 }
 
-/// The training and validation images with their transforms: CIFAR-10 from `--data`
-/// (augmented, normalised), else a synthetic CIFAR-shaped task.
-struct Data {
-    train: Arc<dyn ImageSource>,
-    valid: Arc<dyn ImageSource>,
-    transforms: Vec<Transform>,
-    /// The training transforms without augmentation.
-    valid_transforms: Vec<Transform>,
-}
-
-impl Data {
-    fn load(args: &Args) -> Result<Self, Box<dyn std::error::Error>> {
-        let (train, valid, transforms): (Arc<dyn ImageSource>, Arc<dyn ImageSource>, _) =
-            match &args.data {
-                Some(dir) => {
-                    let mut transforms = Transform::cifar_augmentation();
-                    transforms.push(Transform::cifar_normalize());
-                    (
-                        Arc::new(Cifar10::train(dir)?),
-                        Arc::new(Cifar10::test(dir)?),
-                        transforms,
-                    )
-                }
-                None => {
-                    let train = SyntheticImages::cifar_like(args.synthetic_samples, 10, args.seed);
-                    let valid = train.split(1_000, 1);
-                    (Arc::new(train), Arc::new(valid), Vec::new())
-                }
-            };
-        let valid_transforms = transforms
-            .iter()
-            .filter(|t| matches!(t, Transform::Normalize { .. }))
-            .cloned()
-            .collect();
-        Ok(Self {
-            train,
-            valid,
-            transforms,
-            valid_transforms,
-        })
-    }
-}
-
 /// The data-parallel options the command line asks for.
 fn ddp_config(args: &Args) -> DdpConfig {
-    args.ddp.config(DdpConfig {
-        divergence_check_every: args.check_every,
-        threads_per_replica: args.threads,
-        precision: MixedPrecision::new(args.amp),
-        max_grad_norm: args.clip_grad_norm,
-        ..DdpConfig::default()
-    })
+    args.ddp.config(DdpConfig::default().with_steps(&args.step))
 }
 
-/// Takes the planner's choice: a pipeline's shape to run, or (`None`) the data-parallel
-/// replicas' batches and checkpointing written into `setup` and `config`.
+/// Takes the planner's choice: a pipeline's shape and batch to run, or (`None`) the
+/// data-parallel replicas' batches and checkpointing written into `setup` and `config`.
 fn follow_plan(
     plan: &kiln::planner::Plan,
     setup: &mut Setup,
     config: &mut DdpConfig,
     devices: usize,
-) -> Result<Option<pipeline::PipelineRun>, Box<dyn std::error::Error>> {
-    let predicted_step = Some(plan.predicted.step_seconds);
-    match &plan.layout {
-        Layout::Pipeline {
-            data_parallel,
-            stages,
-            schedule,
-            micro_batches,
-            split,
-            ..
-        } => Ok(Some(pipeline::PipelineRun {
-            stages: *stages,
-            shape: kiln::pipeline::PipelineConfig {
-                data_parallel: *data_parallel,
-                micro_batches: *micro_batches,
-                schedule: schedule.parse()?,
-                split: Some(split.clone()),
-                gradient_checkpointing: plan.gradient_checkpointing,
-                ..Default::default()
-            },
-            batch_size: plan.global_batch / data_parallel,
-            predicted_step,
-        })),
-        Layout::DataParallel { batches } => {
-            if batches.len() != devices {
-                return Err(format!(
-                    "the plan has {} replicas for {} devices",
-                    batches.len(),
-                    devices
-                )
-                .into());
-            }
-            setup.planned_batches = Some(batches.clone());
-            config.gradient_checkpointing = plan.gradient_checkpointing;
-            Ok(None)
-        }
+) -> Result<Option<(PipelineShape, usize)>, Box<dyn std::error::Error>> {
+    if let Some(shape) = PipelineShape::planned(plan)? {
+        let batch = plan.global_batch / shape.config.data_parallel;
+        return Ok(Some((shape, batch)));
     }
+    let Layout::DataParallel { batches } = &plan.layout else {
+        unreachable!("a plan that is not a pipeline is data parallel")
+    };
+    if batches.len() != devices {
+        let replicas = batches.len();
+        return Err(format!("the plan has {replicas} replicas for {devices} devices").into());
+    }
+    setup.planned_batches = Some(batches.clone());
+    config.gradient_checkpointing = plan.gradient_checkpointing;
+    Ok(None)
 }
 
 /// The model every run of the example trains (and the planner profiles): `--seed`'s, built on

@@ -2,8 +2,7 @@
 //! with a GPipe, 1F1B or interleaved schedule, and a summary per stage.
 
 use burn::tensor::Device;
-use kiln::data::DataLoader;
-use kiln::pipeline::{Pipeline, PipelineConfig};
+use kiln::pipeline::{Pipeline, PipelineConfig, PipelineShape};
 use kiln::planner::prediction_line;
 use kiln::resnet::ResNet;
 use kiln::train::LrSchedule;
@@ -11,43 +10,19 @@ use kiln::train::LrSchedule;
 use crate::Setup;
 use crate::args::Args;
 
-/// The shape of a pipelined run: given by hand (--pipeline) or planned.
-#[derive(Clone)]
-pub struct PipelineRun {
-    pub stages: usize,
-    /// The schedule, micro-batches, split, data-parallel pipelines and recomputation (the
-    /// rest of the configuration comes from the other options).
-    pub shape: PipelineConfig,
-    /// Samples of each pipeline's batch.
-    pub batch_size: usize,
-    /// The planner's predicted step seconds, shown beside the measured step.
-    pub predicted_step: Option<f64>,
-}
-
-impl PipelineRun {
-    /// `--pipeline P` with the pipeline options as given.
-    pub fn by_hand(args: &Args, stages: usize) -> Self {
-        Self {
-            stages,
-            shape: args.pipeline.config(PipelineConfig::default()),
-            batch_size: args.batch_size,
-            predicted_step: None,
-        }
-    }
-}
-
 /// Runs the pipeline, restarted from its latest checkpoint after a failure (`--max-restarts`,
 /// in one process).
+/// `batch_size`: samples of each pipeline's batch.
 pub fn run_restarting(
     args: &Args,
     setup: &mut Setup,
     devices: Vec<Device>,
-    shape: PipelineRun,
+    (shape, batch_size): (PipelineShape, usize),
 ) -> Result<(), Box<dyn std::error::Error>> {
     let start = setup.resume_from.clone();
     args.run.with_restarts(start, |from| {
         setup.resume_from = from.map(std::path::Path::to_path_buf);
-        run(args, setup, devices.clone(), shape.clone())
+        run(args, setup, devices.clone(), &shape, batch_size)
     })
 }
 
@@ -55,14 +30,15 @@ fn run(
     args: &Args,
     setup: &Setup,
     devices: Vec<Device>,
-    shape: PipelineRun,
+    shape: &PipelineShape,
+    batch_size: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (stages, groups) = (shape.stages, shape.shape.data_parallel);
+    let (stages, groups) = (shape.stages, shape.config.data_parallel);
     // `--comm mpi`: one stage per process (rank = pipeline x P + stage), each on its own
     // `--devices` entry; rank 0 speaks.
     let world = across_processes(args)?;
     let primary = world.as_ref().is_none_or(|w| w.rank() == 0);
-    let devices = stage_devices(devices, world.is_some(), stages, groups)?;
+    let devices = stage_devices(devices, world.is_some(), shape)?;
     macro_rules! say {
         ($($arg:tt)*) => {
             if primary {
@@ -70,27 +46,26 @@ fn run(
             }
         };
     }
-    let config = pipeline_config(args, &shape);
-    let (micro_batches, batch_size) = (config.micro_batches, shape.batch_size);
+    let config = pipeline_config(args, shape);
+    let micro_batches = config.micro_batches;
     let kind = config.schedule;
     if let Some(chart) = args.pipeline.chart(&config, stages)? {
         say!("{chart}");
     }
     let summary_config = config.clone();
-    let mut loader = DataLoader::builder(std::sync::Arc::clone(&setup.train))
+    let mut loader = args
+        .loader
+        .apply(setup.task.train_loader())
         .batch_size(batch_size)
-        .num_workers(args.workers)
-        .prefetch(args.prefetch)
         .shuffle(args.seed)
         .drop_last(true)
-        .transforms(setup.transforms.clone())
         .device(config.train_device(&devices[0]))
         .build();
     // A step takes `--accumulation` batches per pipeline, run as one schedule.
     let steps = args
         .steps
-        .unwrap_or(args.epochs * (loader.num_batches() / (groups * args.accumulation)));
-    let step_samples = groups * batch_size * args.accumulation;
+        .unwrap_or(args.epochs * (loader.num_batches() / (groups * args.step.accumulation)));
+    let step_samples = groups * batch_size * args.step.accumulation;
     if args.lr_scaling != kiln::train::LrScaling::None {
         say!("{}", args.lr_scaling.describe(args.lr, step_samples));
     }
@@ -103,7 +78,7 @@ fn run(
         args.width,
         micro_batches,
         batch_size,
-        args.accumulation,
+        args.step.accumulation,
         args.devices
     );
     let build = |device: &Device| -> ResNet { crate::build_model(args, setup, device) };
@@ -111,48 +86,27 @@ fn run(
     // Checkpoints, a resume, SIGTERM and the run's log, as for data-parallel runs: the
     // checkpoint's format is the same, so either resumes the other. Across processes each
     // writes its stage's part into the shared run directory and rank 0 joins them.
-    let identity = crate::checkpoints::identity(args, step_samples, steps);
-    let valid_loader = DataLoader::builder(std::sync::Arc::clone(&setup.valid))
+    let plan = format!("{groups} x {stages}-stage pipeline, {kind}, {micro_batches} micro-batches");
+    let attempt =
+        crate::checkpoints::attempt(args, setup, step_samples, steps).layout("plan", plan);
+    let valid_loader = args
+        .loader
+        .apply(setup.task.valid_loader())
         .batch_size(256)
-        .num_workers(args.workers)
-        .transforms(setup.valid_transforms.clone())
         .device(devices[0].clone())
         .build();
-    let mut pipeline = Pipeline::new(devices)
+    // Every process sees the same losses (summed over the world): rank 0 logs them.
+    let (mut pipeline, start) = Pipeline::new(devices)
         .config(config)
         .valid_loader(valid_loader)
         .progress(primary && !args.quiet)
-        .log_epochs(primary);
-    if let Some(saver) = crate::checkpoints::saver(args, &identity) {
-        pipeline = pipeline.checkpoint(saver.layout(
-            "plan",
-            format!("{groups} x {stages}-stage pipeline, {kind}, {micro_batches} micro-batches"),
-        ));
-    }
-    let start = match &setup.resume_from {
-        Some(path) => {
-            let position = kiln::checkpoint::Manifest::read(path)?.position;
-            say!(
-                "resume: {} (step {}, epoch {}, step {} of it)",
-                path.display(),
-                position.step,
-                position.epoch,
-                position.step_in_epoch
-            );
-            pipeline = pipeline.resume(path, identity.clone());
-            kiln::train::TrainPosition::from(position)
-        }
-        None => kiln::train::TrainPosition::default(),
-    };
-    if let Some(flag) = &setup.stop {
-        pipeline = pipeline.stop_flag(flag.clone());
-    }
-    // Every process sees the same losses (summed over the world): rank 0 logs them.
-    if primary && let Some(log) = args.run.run_log(&start)? {
-        pipeline = pipeline.observer(log);
+        .log_epochs(primary)
+        .attempt(&attempt, primary)?;
+    if let Some(line) = attempt.resume_line(&start) {
+        say!("{line}");
     }
     if let Some(world) = world {
-        pipeline = pipeline_across(pipeline, world);
+        pipeline = pipeline.across_processes(world);
     }
     let report = pipeline.train(build, optimizer, &schedule, &mut loader, steps)?;
     if primary {
@@ -170,39 +124,26 @@ fn run(
 fn stage_devices(
     devices: Vec<Device>,
     across: bool,
-    stages: usize,
-    groups: usize,
+    shape: &PipelineShape,
 ) -> Result<Vec<Device>, Box<dyn std::error::Error>> {
-    let devices = match across {
-        true if devices.len() == 1 => vec![devices[0].clone(); groups * stages],
-        true => {
-            return Err(format!(
-                "--comm mpi --pipeline {stages} --data-parallel {groups}: each process runs one stage on its one --devices entry, got {}",
-                devices.len()
-            )
-            .into());
-        }
-        false => devices,
-    };
-    if devices.len() != groups * stages {
+    if !across {
+        shape.check_devices(devices.len())?;
+        return Ok(devices);
+    }
+    if devices.len() != 1 {
+        let (stages, groups) = (shape.stages, shape.config.data_parallel);
         return Err(format!(
-            "--pipeline {stages} --data-parallel {groups} needs {} --devices entries (one per stage of each pipeline), got {}",
-            groups * stages,
+            "--comm mpi --pipeline {stages} --data-parallel {groups}: each process runs one stage on its one --devices entry, got {}",
             devices.len()
         )
         .into());
     }
-    Ok(devices)
+    Ok(vec![devices[0].clone(); shape.devices()])
 }
 
 /// The pipeline's configuration from the options and the run's shape.
-fn pipeline_config(args: &Args, run: &PipelineRun) -> PipelineConfig {
+fn pipeline_config(args: &Args, shape: &PipelineShape) -> PipelineConfig {
     PipelineConfig {
-        threads_per_stage: args.threads,
-        max_grad_norm: args.clip_grad_norm,
-        precision: kiln::amp::MixedPrecision::new(args.amp),
-        accumulation: args.accumulation,
-        check_every: args.check_every,
         // `--inject-fault panic-at-step:N`: the last stage panics at step N (in the first
         // attempt only: a restarted run does not fail again).
         panic_at_step: args
@@ -210,12 +151,11 @@ fn pipeline_config(args: &Args, run: &PipelineRun) -> PipelineConfig {
             .as_ref()
             .filter(|fault| fault.take())
             .map(|fault| fault.step()),
-        ..run.shape.clone()
+        ..shape.config.clone().with_steps(&args.step)
     }
 }
 
 /// With `--comm mpi`, the MPI world (one stage per process).
-#[cfg(feature = "mpi")]
 fn across_processes(
     args: &Args,
 ) -> Result<Option<kiln::comm::Communicator>, Box<dyn std::error::Error>> {
@@ -223,25 +163,5 @@ fn across_processes(
         return Ok(None);
     }
     let timeout = kiln::ddp::DdpConfig::default().timeout;
-    Ok(Some(kiln::comm::MpiCommunicator::world(timeout)?))
-}
-
-#[cfg(not(feature = "mpi"))]
-fn across_processes(
-    args: &Args,
-) -> Result<Option<kiln::comm::Communicator>, Box<dyn std::error::Error>> {
-    if args.comm == crate::args::CommArg::Mpi {
-        return Err("--comm mpi needs the example built with `--features mpi`".into());
-    }
-    Ok(None)
-}
-
-#[cfg(feature = "mpi")]
-fn pipeline_across(pipeline: Pipeline, world: kiln::comm::Communicator) -> Pipeline {
-    pipeline.across_processes(world)
-}
-
-#[cfg(not(feature = "mpi"))]
-fn pipeline_across(pipeline: Pipeline, _: kiln::comm::Communicator) -> Pipeline {
-    pipeline
+    Ok(Some(kiln::comm::Communicator::mpi_world(timeout)?))
 }

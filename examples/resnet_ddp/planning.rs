@@ -1,10 +1,7 @@
 //! `--plan`: profile the ResNet on the devices, predict the plans, print the choice.
 
-use std::sync::Arc;
-
 use burn::tensor::Device;
 use kiln::core::DeviceSpec;
-use kiln::data::DataLoader;
 use kiln::planner::{Fixed, ModelProfile, Plan, PlanError, ProfileKey, RunPlanning};
 use kiln::resnet::ResNet;
 use kiln::train::Classification;
@@ -36,6 +33,7 @@ pub fn choose(
         println!("{note}");
     }
     let threads = args
+        .step
         .threads
         .unwrap_or_else(|| kiln::ddp::default_threads_per_replica(n));
     let planning = args.planner.apply(RunPlanning {
@@ -87,9 +85,10 @@ fn profile_model(
 ) -> Result<ModelProfile, Error> {
     let device = key.training_device(device);
     let model: ResNet = crate::build_model(args, setup, &device);
-    let batch = DataLoader::builder(Arc::clone(&setup.train))
+    let batch = setup
+        .task
+        .train_loader()
         .batch_size(*key.batches.last().expect("at least one batch size"))
-        .transforms(setup.transforms.clone())
         .device(device.clone())
         .build()
         .epoch(0)

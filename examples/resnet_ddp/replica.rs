@@ -1,15 +1,11 @@
 //! One data-parallel replica: what it trains (model, data share, schedule, checkpoints)
 //! and what it reports, in this process's threads or under MPI.
 
-use std::sync::Arc;
-
-use kiln::amp::MixedPrecision;
-use kiln::data::{DataLoader, ImageBatch};
+use kiln::data::ImageBatch;
 use kiln::ddp::{DdpConfig, Replica, ReplicaOutcome};
 use kiln::resnet::ResNet;
 use kiln::train::{
-    Classification, FaultyStep, GradientStep, LrSchedule, TrainError, TrainPosition, Trainer,
-    TrainerBuilder,
+    Classification, FaultyStep, GradientStep, LrSchedule, TrainError, Trainer, TrainerBuilder,
 };
 
 use kiln::train::LrScaling;
@@ -27,24 +23,22 @@ pub(crate) fn announce(args: &Args, setup: &Setup, world: usize, placement: &str
         "kiln: resnet{} width {} | {world} replica(s) on {placement} | {} training / {} validation images | batch {batch} x {} accumulation",
         args.model,
         args.width,
-        setup.train.len(),
-        setup.valid.len(),
-        args.accumulation
+        setup.task.train.len(),
+        setup.task.valid.len(),
+        args.step.accumulation
     );
 }
 
 /// Under `mpirun`: every process trains one replica per entry of `--devices` (processes ×
 /// local devices), MPI between processes and shared memory within each.
-#[cfg(feature = "mpi")]
 pub(crate) fn run_mpi(
     args: &Args,
     setup: &Setup,
     devices: Vec<burn::tensor::Device>,
     config: DdpConfig,
 ) -> Result<Vec<ReplicaOutcome>, Box<dyn std::error::Error>> {
-    let mpi = kiln::comm::MpiCommunicator::world(config.timeout)?;
-    let (process, processes) = (mpi.rank(), mpi.world_size());
-    let local = devices.len();
+    let mpi = kiln::comm::Communicator::mpi_world(config.timeout)?;
+    let (process, processes, local) = (mpi.rank(), mpi.world_size(), devices.len());
     if process == 0 {
         let placement = format!(
             "{processes} MPI process(es) x {local} local device(s) ({})",
@@ -57,16 +51,6 @@ pub(crate) fn run_mpi(
         .run_mpi(mpi, |replica| train_replica(replica, args, setup))?)
 }
 
-#[cfg(not(feature = "mpi"))]
-pub(crate) fn run_mpi(
-    _: &Args,
-    _: &Setup,
-    _: Vec<burn::tensor::Device>,
-    _: DdpConfig,
-) -> Result<Vec<ReplicaOutcome>, Box<dyn std::error::Error>> {
-    Err("--comm mpi needs the example built with `--features mpi`".into())
-}
-
 pub(crate) fn train_replica(
     replica: Replica,
     args: &Args,
@@ -76,20 +60,19 @@ pub(crate) fn train_replica(
     let primary = replica.is_primary();
     let model = replica.broadcast_module(build_model(args, setup, &device))?;
     let (batch_size, shares) = batch_share(&replica, args, setup, &model, &device)?;
-    let mut train_loader = DataLoader::builder(Arc::clone(&setup.train))
+    let mut train_loader = args
+        .loader
+        .apply(setup.task.train_loader())
         .batch_size(batch_size)
-        .num_workers(args.workers)
-        .prefetch(args.prefetch)
         .shuffle(args.seed)
         .drop_last(true)
         .shard(replica.rank(), replica.world_size())
-        .transforms(setup.transforms.clone())
         .device(device.clone());
     if let Some(shares) = shares {
         train_loader = train_loader.shard_batches(shares);
     }
     let train_loader = train_loader.build();
-    let steps_per_epoch = train_loader.num_batches() / args.accumulation;
+    let steps_per_epoch = train_loader.num_batches() / args.step.accumulation;
     let total_steps = args.steps.unwrap_or(args.epochs * steps_per_epoch);
     let step_samples = if args.balance {
         args.planner
@@ -99,47 +82,35 @@ pub(crate) fn train_replica(
         batches.iter().sum()
     } else {
         args.batch_size * replica.world_size()
-    } * args.accumulation;
+    } * args.step.accumulation;
     if primary && args.lr_scaling != LrScaling::None {
         println!("{}", args.lr_scaling.describe(args.lr, step_samples));
     }
     let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
         .warmup((total_steps / 10).max(1))
         .cosine(total_steps, 0.0);
-    let optimizer = optimizer();
-    let identity = checkpoints::identity(args, step_samples, total_steps);
+    let attempt = checkpoints::attempt(args, setup, step_samples, total_steps);
     // Under ZeRO-1 the optimizer keeps (and resumes) the state of its own parameters only.
     let owned = replica.optimizer_shard(&model);
-    let start = checkpoints::start(
-        setup.resume_from.as_deref(),
-        &identity,
-        (model, optimizer),
-        owned.as_deref(),
-        primary,
-    )?;
+    let start =
+        (attempt.start(model, optimizer(), owned.as_deref())).map_err(TrainError::checkpoint)?;
     let (model, optimizer, position) = (start.model, start.optimizer, start.position);
+    if let Some(line) = attempt.resume_line(&position).filter(|_| primary) {
+        println!("{line}");
+    }
     let mut step = args.ddp.step_with(&replica, Classification);
     GradientStep::<ResNet>::restore_state(&mut step, &start.step_state)?;
     let watch = step.watch(replica.rank());
-    let mut builder = Trainer::builder(model, optimizer)
+    let builder = Trainer::builder(model, optimizer)
         .schedule(schedule)
         .train_loader(train_loader)
-        .accumulation_steps(args.accumulation)
-        .resume_at(position)
+        .accumulation_steps(args.step.accumulation)
         .progress(primary && !args.quiet)
         .log_epochs(primary);
-    if let Some(saver) = checkpoints::saver(args, &identity) {
-        builder = builder.checkpoint(saver.for_replica(
-            replica.rank(),
-            replica.world_size(),
-            owned.is_some(),
-        ));
-    }
-    if let Some(flag) = &setup.stop {
-        builder = builder.stop_flag(flag.clone());
-    }
+    let ranks = (replica.rank(), replica.world_size());
+    let mut builder = attempt.replica_trainer(builder, &position, ranks, owned.is_some())?;
     if primary {
-        builder = primary_extras(builder, &replica, args, setup, &position)?;
+        builder = primary_extras(builder, &replica, args, setup);
     }
     builder = match args.steps {
         Some(steps) => builder.max_steps(steps),
@@ -196,31 +167,25 @@ fn batch_share(
     })
 }
 
-/// What only the primary replica does: the run log, the kernel-profile marks and validation.
+/// What only the primary replica does: the kernel-profile marks and validation.
 fn primary_extras<S: GradientStep<ResNet, ImageBatch>>(
     mut builder: TrainerBuilder<ResNet, S>,
     replica: &Replica,
     args: &Args,
     setup: &Setup,
-    position: &TrainPosition,
-) -> Result<TrainerBuilder<ResNet, S>, TrainError> {
-    if let Some(log) = args.run.run_log(position)? {
-        builder = builder.observer(log);
-    }
-    if let Some(file) = &args.profile_kernels {
+) -> TrainerBuilder<ResNet, S> {
+    if let Some(file) = &args.gpu.profile_kernels {
         builder = builder.observer(kiln::train::SteadyStateMark::new(
             file,
-            args.profile_warmup,
+            args.gpu.profile_warmup,
             replica.device().clone(),
         ));
     }
-    let valid_loader = DataLoader::builder(Arc::clone(&setup.valid))
+    let valid_loader = (args.loader.apply(setup.task.valid_loader()))
         .batch_size(256)
-        .num_workers(args.workers)
-        .transforms(setup.valid_transforms.clone())
         .device(replica.device().clone())
         .build();
-    Ok(builder.valid_loader(valid_loader))
+    builder.valid_loader(valid_loader)
 }
 
 /// This replica's training throughput (images/s) over a few probe steps on its device, in
@@ -231,11 +196,13 @@ fn measure_throughput(
     args: &Args,
     device: &burn::tensor::Device,
 ) -> Result<f64, TrainError> {
-    let mut probe = DataLoader::builder(Arc::clone(&setup.train))
+    let mut probe = setup
+        .task
+        .train_loader()
         .batch_size(args.batch_size)
         .device(device.clone())
         .build();
     let batches: Vec<_> = probe.epoch(0).take(4).collect::<Result<_, _>>()?;
-    let precision = MixedPrecision::new(args.amp);
+    let precision = args.step.precision();
     kiln::train::measure_throughput(model, &Classification, batches, &precision, device)
 }

@@ -32,7 +32,7 @@ pub(crate) fn print_timing(
         .iter()
         .filter_map(|o| {
             o.report
-                .median_step_seconds(batches[o.rank] * args.accumulation)
+                .median_step_seconds(batches[o.rank] * args.step.accumulation)
         })
         .reduce(f64::max);
     let steady = median_step.map(Duration::from_secs_f64);

@@ -10,7 +10,10 @@
 //!   [`Restarts`]: a failed attempt run again from the newest checkpoint that verifies.
 //! - [`RunOptions`]: a run directory's options (`--run-dir`, `--checkpoint-every`, `--keep`,
 //!   `--resume`, `--max-restarts`; a clap `Args` with the `clap` feature), checked together
-//!   and turned into all of the above.
+//!   and turned into all of the above; [`Attempt`]: one attempt of the run (the first, or a
+//!   restart), which every data-parallel replica's trainer and every pipeline wire in.
+//! - [`Relaunch`]: a job (an `mpirun` command) run again after it fails; [`LaunchOptions`]:
+//!   the same as a program's `launch` subcommand.
 //! - [`resume`]: the model, optimizer and position back, after checking the files and that
 //!   the checkpoint is of this run ([`RunIdentity`]: the model and the options that change
 //!   the arithmetic); the trainer continues with the batches not yet seen.
@@ -44,12 +47,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod attempt;
 mod checkpointer;
 #[cfg(test)]
 mod elastic_tests;
 mod error;
 #[cfg(test)]
 mod kill_tests;
+mod launch_options;
 mod manifest;
 #[cfg(test)]
 mod neutral_tests;
@@ -74,10 +79,12 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+pub use attempt::Attempt;
 pub use checkpointer::{
     Checkpointer, MODEL_FILE, OPTIMIZER_FILE, PARAM_IDS_FILE, Resumed, resume, resume_owning,
 };
 pub use error::CheckpointError;
+pub use launch_options::LaunchOptions;
 pub use manifest::{FORMAT, FileEntry, MANIFEST, Manifest, Position, RunIdentity};
 pub use optimizer_parts::{join_optimizer_parts, optimizer_part_bytes, optimizer_part_name};
 pub use parts::PartsToCollect;

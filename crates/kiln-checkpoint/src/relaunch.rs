@@ -29,6 +29,11 @@ pub enum RelaunchError {
     /// No command was given.
     #[error("no command to launch")]
     NoCommand,
+    /// A job that may be relaunched does not resume itself.
+    #[error(
+        "the job must resume itself after a relaunch: give it --run-dir, --checkpoint-every and --resume latest"
+    )]
+    NotResuming,
     /// The command could not be started.
     #[error("could not start {program}: {source}")]
     Spawn {

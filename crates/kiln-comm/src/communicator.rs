@@ -34,6 +34,25 @@ macro_rules! dispatch {
 }
 
 impl Communicator {
+    /// This process's rank of the MPI world (`MpiCommunicator::world`'s),
+    /// in any build: without the `mpi` feature it fails with [`CommError::Startup`] saying so,
+    /// so a program that offers MPI as an option needs no `cfg` of its own.
+    ///
+    /// # Errors
+    /// [`CommError::Startup`] if MPI does not start, or kiln was built without `mpi`.
+    pub fn mpi_world(timeout: Duration) -> Result<Self, CommError> {
+        #[cfg(feature = "mpi")]
+        return crate::MpiCommunicator::world(timeout);
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = timeout;
+            Err(CommError::Startup(
+                "MPI: kiln was built without its `mpi` feature (build with `--features mpi`)"
+                    .into(),
+            ))
+        }
+    }
+
     /// This rank's index in `0..world_size()`.
     pub fn rank(&self) -> usize {
         dispatch!(self, c => c.rank())
@@ -222,6 +241,17 @@ mod tests {
         let err = comms[1].split(0, 0).unwrap_err();
         assert!(
             matches!(&err, CommError::Unsupported { op: "split", rank: 1, detail } if detail.contains("InProcessGroup")),
+            "{err}"
+        );
+    }
+
+    /// A build without MPI says so when a program asks for the MPI world.
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn the_mpi_world_without_the_feature_is_an_error_naming_it() {
+        let err = crate::Communicator::mpi_world(std::time::Duration::from_secs(1)).unwrap_err();
+        assert!(
+            matches!(&err, CommError::Startup(why) if why.contains("`mpi` feature")),
             "{err}"
         );
     }

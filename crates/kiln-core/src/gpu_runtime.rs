@@ -85,6 +85,12 @@ pub enum GpuRuntimeError {
          Burn's wgpu backend without autotune, fusion and the kernel cache"
     )]
     BareBackend(&'static str),
+    /// A kernel profile asked of a run on CPU devices only (these).
+    #[error(
+        "--profile-kernels times GPU kernels, and --devices {0} names none (CPU devices run \
+         Burn's and kiln's CPU kernels, which cubecl's profiler does not see)"
+    )]
+    NothingToProfile(String),
     /// The runtime had already read its settings (a GPU was used before).
     #[error("the GPU runtime's settings were already fixed: apply them before the first GPU use")]
     AlreadyFixed,

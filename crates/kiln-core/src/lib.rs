@@ -8,7 +8,8 @@
 //!   output); every [`ImageClassifier`] ([`classifier`]) is one.
 //! - [`device_spec`] — parse device names such as `cpu:1` or `cuda:0` into Burn devices.
 //! - [`gpu_runtime`] — the GPU runtime's per-process settings: the on-disk kernel and autotune
-//!   cache, the autotune level, a per-kernel profile.
+//!   cache, the autotune level, a per-kernel profile; [`gpu_options`] — the same as a
+//!   program's options (clap arguments with the `clap` feature).
 //! - [`flat`] — gradients and parameters in and out of flat buffers, for collectives.
 //! - [`seed`] — deterministic, race-free seeding and initialisation ([`init_module`]).
 //! - [`panic`](mod@panic) — the message of a thread's panic, for the error that reports it.
@@ -26,6 +27,7 @@ pub mod device_spec;
 pub mod flat;
 pub mod forward;
 pub mod freed_memory;
+pub mod gpu_options;
 pub mod gpu_runtime;
 pub mod memory;
 pub mod panic;

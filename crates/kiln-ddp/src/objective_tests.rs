@@ -128,3 +128,16 @@ fn the_objective_trains_data_parallel_in_bf16() {
     println!("data parallel, bf16 against f32: {error:e}");
     assert!(error < 0.1, "bf16 strays from f32 by {error:e}");
 }
+
+/// `run_mpi` takes the MPI world only: an in-process communicator (the only kind a build
+/// without `mpi` has) is refused before any replica starts, not run as a world of one.
+#[test]
+fn run_mpi_refuses_a_communicator_that_is_not_the_mpi_world() {
+    let not_mpi = kiln_comm::InProcessGroup::new(1).build().remove(0);
+    let err = DataParallel::new(vec![Device::flex()])
+        .run_mpi(not_mpi, |_| -> Result<(), kiln_train::TrainError> {
+            panic!("no replica may start")
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("mpi_world"), "{err}");
+}

@@ -4,7 +4,7 @@
 //! command line: `#[command(flatten)] ddp: DdpOptions`.
 
 use kiln_core::{Forward, Segmented};
-use kiln_train::Objective;
+use kiln_train::{Objective, StepOptions};
 
 use crate::{Compression, DdpConfig, DdpError, DdpStep, GradientPath, Replica, SyncMode};
 
@@ -142,6 +142,21 @@ impl DdpOptions {
             replica.non_overlapped_step_with(objective)
         } else {
             replica.overlapped_step_with(objective)
+        }
+    }
+}
+
+impl DdpConfig {
+    /// `self` with a program's step options written in: precision, clipping, the replicas'
+    /// agreement check and compute threads (`--accumulation` is the trainer's:
+    /// `TrainerBuilder::accumulation_steps`).
+    pub fn with_steps(self, steps: &StepOptions) -> Self {
+        DdpConfig {
+            divergence_check_every: steps.check_every,
+            threads_per_replica: steps.threads,
+            precision: steps.precision(),
+            max_grad_norm: steps.clip_grad_norm,
+            ..self
         }
     }
 }

@@ -103,11 +103,13 @@ impl DataParallel {
     }
 
     /// Runs `train` on this process's replicas of a multi-process world (`mpi` is
-    /// [`MpiCommunicator::world`](kiln_comm::MpiCommunicator::world)'s): one replica per
+    /// [`Communicator::mpi_world`](kiln_comm::Communicator::mpi_world)'s): one replica per
     /// entry of this `DataParallel`'s devices, `mpi`'s processes between them (every process
     /// must list the same number of devices). Global rank = process × local replicas + local
     /// rank. Launch it under `mpirun`, one process per machine (or per socket).
-    #[cfg(feature = "mpi")]
+    ///
+    /// Present in every build (a program offering MPI needs no `cfg`): without the `mpi`
+    /// feature no MPI communicator exists, and any other is refused.
     pub fn run_mpi<R, F>(&self, mpi: kiln_comm::Communicator, train: F) -> Result<Vec<R>, DdpError>
     where
         R: Send,
@@ -116,17 +118,19 @@ impl DataParallel {
         if self.devices.is_empty() {
             return Err(DdpError::Config("at least one device is needed".into()));
         }
-        let kiln_comm::Communicator::Mpi(mpi) = mpi else {
-            return Err(DdpError::Config(
-                "run_mpi needs `MpiCommunicator::world()`'s communicator".into(),
-            ));
-        };
-        // NCCL groups of Burn's collective span one process, and this world spans several.
-        self.run_communicators(
-            kiln_comm::hybrid_group(mpi, self.devices.len()),
-            false,
-            train,
-        )
+        #[cfg(feature = "mpi")]
+        if let kiln_comm::Communicator::Mpi(mpi) = mpi {
+            // NCCL groups of Burn's collective span one process, and this world spans several.
+            return self.run_communicators(
+                kiln_comm::hybrid_group(mpi, self.devices.len()),
+                false,
+                train,
+            );
+        }
+        let _ = (mpi, train);
+        Err(DdpError::Config(
+            "run_mpi needs `Communicator::mpi_world()`'s communicator".into(),
+        ))
     }
 
     /// Runs one replica per communicator, on the matching device, in threads; `native`:

@@ -34,11 +34,13 @@
 
 mod options;
 mod runtime;
+mod shape;
 /// Pipeline schedules as data: the [`kiln_schedule`] crate, which needs no runtime.
 pub use kiln_schedule as schedule;
 
 pub use options::PipelineOptions;
 pub use runtime::{Pipeline, PipelineConfig, PipelineError, PipelineReport, StageReport};
+pub use shape::PipelineShape;
 
 // The unit tests count each stage's memory, as a binary that installs the allocator does.
 #[cfg(test)]

@@ -156,6 +156,22 @@ impl PipelineOptions {
     }
 }
 
+impl PipelineConfig {
+    /// `self` with a program's step options written in: precision, clipping, accumulation
+    /// (batches per step, run as one schedule), the tied copies' agreement check and each
+    /// stage's compute threads.
+    pub fn with_steps(self, steps: &kiln_train::StepOptions) -> Self {
+        PipelineConfig {
+            threads_per_stage: steps.threads,
+            max_grad_norm: steps.clip_grad_norm,
+            precision: steps.precision(),
+            accumulation: steps.accumulation,
+            check_every: steps.check_every,
+            ..self
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

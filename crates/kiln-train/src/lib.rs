@@ -7,7 +7,9 @@
 //! on its own batches ([`kiln_data::BatchSource`]) for its own loss: give an [`Objective`]
 //! to [`Trainer::with_objective`] (the example on [`Objective`]). How gradients are produced is a [`GradientStep`]: on one
 //! device it is a plain forward and backward ([`LocalStep`], in f32 or mixed precision); the data-parallel runtime plugs
-//! in a step that also all-reduces gradients, without changing the loop.
+//! in a step that also all-reduces gradients, without changing the loop. A program's step
+//! flags (`--amp`, `--clip-grad-norm`, `--accumulation`, `--check-every`, `--threads`) are
+//! [`StepOptions`] (clap arguments with the `clap` feature).
 //!
 //! ```
 //! use burn::optim::SgdConfig;
@@ -54,6 +56,7 @@ mod schedule;
 mod startup;
 mod steady_mark;
 mod step;
+mod step_options;
 mod stop;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -74,12 +77,13 @@ pub use objective::{
 pub use resume::{CheckpointHook, TrainPosition};
 pub use run_log::{RunLog, TrainObserver};
 pub use schedule::{Decay, LrScaling, LrSchedule, linear_scaled_lr};
-pub use startup::{StartupCost, is_out_of_memory};
+pub use startup::{StartupCost, is_out_of_memory, out_of_memory_hint};
 pub use steady_mark::SteadyStateMark;
 pub use step::{
     GradientStep, LocalStep, StepMetrics, StepOutput, StepState, forward_backward,
     forward_backward_with,
 };
+pub use step_options::{StepOptions, positive_count, positive_rate};
 pub use stop::StopFlag;
 pub use throughput::measure_throughput;
 pub use train_loop::{Budget, LoopOptions, train_loop};

@@ -92,11 +92,25 @@ pub fn is_out_of_memory(error: &str) -> bool {
     .any(|sign| lower.contains(sign))
 }
 
+/// What to change when a device ran out of memory, if `error`'s text says one did
+/// ([`is_out_of_memory`]): `placement` says where the run was (devices and batch), and the
+/// hint names the usual options of a kiln program (`--batch-size`, `--amp`, and the planner's
+/// `--device-memory`).
+pub fn out_of_memory_hint(error: &str, placement: &str) -> Option<String> {
+    is_out_of_memory(error).then(|| {
+        format!(
+            "hint: a device ran out of memory ({placement}): lower --batch-size, train with --amp bf16, \
+             or give the planner --device-memory SIZE so it picks a plan that fits (a pipeline, \
+             gradient checkpointing)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{StartupCost, is_out_of_memory};
+    use super::{StartupCost, is_out_of_memory, out_of_memory_hint};
     use crate::FirstStep;
 
     #[test]
@@ -137,5 +151,19 @@ mod tests {
         assert!(!is_out_of_memory(
             "replica 1 panicked: injected fault at step 10"
         ));
+    }
+
+    #[test]
+    fn out_of_memory_gets_a_hint_naming_the_placement_and_the_flags() {
+        let hint = out_of_memory_hint(
+            "replica 0 panicked: Io(OutOfMemory { size: 123 })",
+            "--devices cuda:0, batch 128 per replica",
+        )
+        .expect("a hint");
+        assert!(
+            hint.contains("cuda:0") && hint.contains("--batch-size"),
+            "{hint}"
+        );
+        assert!(out_of_memory_hint("replica 1 panicked: injected fault at step 10", "x").is_none());
     }
 }

@@ -10,7 +10,11 @@
 //! - [`DistributedSampler`]: PyTorch's semantics (equal share per rank, padding or
 //!   `drop_last`, `set_epoch` reshuffles) plus weighted shares for uneven devices.
 //! - [`DataLoader`]: persistent worker threads, bounded prefetch queues, batches built as
-//!   tensors on the target device, the same batch sequence for any number of workers.
+//!   tensors on the target device, the same batch sequence for any number of workers;
+//!   [`LoaderOptions`]: its `--workers` and `--prefetch` as a program's options (clap
+//!   arguments with the `clap` feature).
+//! - [`ImageTask`]: a classification run's training and validation images with their
+//!   transforms (CIFAR-10 augmented, or a synthetic CIFAR-shaped task), making loaders.
 //! - [`Batch`] and [`BatchSource`]: what training needs of any batch type and of whatever
 //!   yields batches (the loader, [`BatchList`], a user's own), so a user's own model trains
 //!   on the user's own batches.
@@ -45,15 +49,17 @@ mod rng;
 mod sampler;
 mod samples;
 mod source;
+mod task;
 mod text;
 mod transform;
 
 pub use batch::{ImageBatch, ImageItem};
 pub use datasets::{Cifar10, Mnist, SyntheticImages};
 pub use error::DataError;
-pub use loader::{DataLoader, DataLoaderBuilder, EpochIter};
+pub use loader::{DataLoader, DataLoaderBuilder, EpochIter, LoaderOptions, worker_count};
 pub use sampler::{DistributedSampler, proportional_split};
 pub use samples::{Batch, BatchList, BatchSource, Batches, cut_batch};
 pub use source::{BurnDataset, ImageSource};
+pub use task::ImageTask;
 pub use text::{TextCorpus, TextWindows, TextWindowsBuilder, TokenBatch};
 pub use transform::Transform;

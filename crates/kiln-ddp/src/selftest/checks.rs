@@ -44,8 +44,8 @@ const CONTROL_MARGIN: f32 = 4.0;
 /// ```
 #[derive(Debug, Clone)]
 pub struct SelfTest {
-    devices: Vec<Device>,
-    half: Precision,
+    pub(super) devices: Vec<Device>,
+    pub(super) half: Precision,
 }
 
 impl SelfTest {
@@ -55,6 +55,23 @@ impl SelfTest {
             devices,
             half: Precision::Bf16,
         }
+    }
+
+    /// Checks on the devices a device list names (`cpu:0,cuda:0`, as `--devices` takes
+    /// them, one replica each), in bf16 besides f32, or f16 on wgpu (lavapipe and many
+    /// adapters there have no bf16).
+    ///
+    /// # Errors
+    /// [`DdpError::Config`] naming a device that does not parse or cannot be opened.
+    pub fn on(devices: &str) -> Result<Self, DdpError> {
+        let config = |err: kiln_core::DeviceSpecError| DdpError::Config(err.to_string());
+        let specs = kiln_core::DeviceSpec::parse_list(devices).map_err(config)?;
+        let opened = specs.iter().map(|spec| spec.device().map_err(config));
+        let half = match specs.first() {
+            Some(kiln_core::DeviceSpec::Wgpu) => Precision::F16,
+            _ => Precision::Bf16,
+        };
+        Ok(Self::new(opened.collect::<Result<_, _>>()?).half_precision(half))
     }
 
     /// The half precision to check besides f32: `F16` where the device has no bf16 (many

@@ -30,3 +30,16 @@ fn no_device_or_an_f32_half_precision_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("F16 or Bf16"), "{err}");
 }
+
+/// A device list as `--devices` gives it: CPU entries pass; a device this build cannot open
+/// is an error naming it, before any check runs.
+#[test]
+fn a_device_list_is_opened_or_refused_by_name() {
+    let test = SelfTest::on("cpu:0,cpu:1").unwrap();
+    assert_eq!((test.devices.len(), test.half), (2, Precision::Bf16));
+    if !cfg!(feature = "cuda") {
+        let err = SelfTest::on("cuda:0").unwrap_err();
+        assert!(err.to_string().contains("cuda"), "{err}");
+    }
+    assert!(SelfTest::on("tpu:0").is_err());
+}

@@ -163,12 +163,16 @@ impl<O: Objective> Pipeline<O> {
         stages: usize,
         groups: usize,
     ) -> Result<(), PipelineError> {
-        #[cfg(feature = "mpi")]
-        crate::runtime::processes::check(world, stages, groups)?;
-        #[cfg(not(feature = "mpi"))]
-        let _ = (world, stages, groups);
         // Clipping, mixed precision and checkpoints work: the stages agree over the world.
-        Ok(())
+        #[cfg(feature = "mpi")]
+        return crate::runtime::processes::check(world, stages, groups);
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = (world, stages, groups);
+            Err(PipelineError::Config(
+                "stages across processes need kiln built with its `mpi` feature".into(),
+            ))
+        }
     }
 
     /// Where a resumed run starts: the checkpoint's position, once its manifest is read and

@@ -120,6 +120,34 @@ impl<O: Objective> Pipeline<O> {
         self
     }
 
+    /// Takes one attempt of a run ([`kiln_checkpoint::Attempt`], the same a data-parallel
+    /// replica takes): its checkpointer, the checkpoint it resumes, its stop flag and, when
+    /// `logs` (the one process that logs), the run's log. Returns the pipeline and where the
+    /// attempt starts.
+    ///
+    /// # Errors
+    /// When the checkpoint's manifest or the log cannot be read.
+    pub fn attempt(
+        mut self,
+        attempt: &kiln_checkpoint::Attempt,
+        logs: bool,
+    ) -> Result<(Self, kiln_train::TrainPosition), crate::PipelineError> {
+        if let Some(saver) = attempt.checkpointer() {
+            self = self.checkpoint(saver);
+        }
+        let position = (attempt.resume_position()).map_err(crate::PipelineError::checkpoint)?;
+        if let Some(path) = attempt.resumes_from() {
+            self = self.resume(path, attempt.identity().clone());
+        }
+        if let Some(flag) = attempt.stop_flag() {
+            self = self.stop_flag(flag.clone());
+        }
+        if logs && let Some(log) = attempt.run_log(&position)? {
+            self = self.observer(log);
+        }
+        Ok((self, position))
+    }
+
     /// Stops after the step during which `flag` is raised (with a checkpoint, when the run
     /// has them): [`PipelineReport::stopped_at`](crate::PipelineReport::stopped_at) says where.
     pub fn stop_flag(mut self, flag: StopFlag) -> Self {
@@ -138,7 +166,7 @@ impl<O: Objective> Pipeline<O> {
     }
 
     /// Runs the pipeline across the processes of `world` (an MPI world communicator,
-    /// [`kiln_comm::MpiCommunicator::world`]), one stage per process: with D data-parallel
+    /// [`Communicator::mpi_world`]), one stage per process: with D data-parallel
     /// pipelines of P stages, D × P processes, process `r` running stage `r % P` of pipeline
     /// `r / P` on `devices[r]`, as thread `r` does in one process (every process passes the
     /// same list and the same loader, and drives its own stage). Activations and gradients
@@ -150,8 +178,8 @@ impl<O: Objective> Pipeline<O> {
     /// norm and overflow. Checkpoints work too: each stage of the first pipeline writes its
     /// part into the shared run directory, rank 0 joins them into the checkpoint one process
     /// would write (resumable either way), every process agrees on each write's outcome and
-    /// on a stop; a resume reads the same checkpoint in every process.
-    #[cfg(feature = "mpi")]
+    /// on a stop; a resume reads the same checkpoint in every process. Present in every build
+    /// (a program offering MPI needs no `cfg`): without the `mpi` feature, training refuses it.
     pub fn across_processes(mut self, world: Communicator) -> Self {
         self.processes = Some(world);
         self

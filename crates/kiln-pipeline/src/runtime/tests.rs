@@ -355,6 +355,26 @@ fn bad_shapes_are_refused_with_the_reason() {
     assert!(message.contains("at least one device"), "{message}");
 }
 
+/// Without the `mpi` feature a world of processes cannot exist: a communicator given to
+/// `across_processes` is refused, not ignored (the stages would train in this process alone).
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn stages_across_processes_are_refused_without_the_mpi_feature() {
+    let world = kiln_comm::InProcessGroup::new(2).build().remove(0);
+    let message = Pipeline::new(vec![Device::flex(); 2])
+        .across_processes(world)
+        .train(
+            build,
+            optimizer,
+            &LrSchedule::constant(0.1),
+            &mut loader(4),
+            1,
+        )
+        .expect_err("refused")
+        .to_string();
+    assert!(message.contains("`mpi` feature"), "{message}");
+}
+
 /// ResNet whose fourth middle segment (a block on stage 1 of 2) panics.
 #[derive(Module, Debug)]
 struct Faulty {
