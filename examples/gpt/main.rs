@@ -45,8 +45,13 @@ static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllo
 pub struct Args {
     /// Devices: one data-parallel replica per entry (`cpu:0,cpu:1`, `cuda:0`, `wgpu`), or one
     /// pipeline stage per entry with `--pipeline`.
-    #[arg(long, default_value = "cpu:0,cpu:1")]
+    #[arg(long, default_value = "cpu:0,cpu:1", global = true)]
     devices: String,
+    /// A task instead of training: `doctor` (check this build and machine), `selftest`
+    /// (data-parallel training on `--devices` against one device), `launch` (a job run again
+    /// after it fails).
+    #[command(subcommand)]
+    command: Option<kiln::doctor::Task>,
     /// Pipelines by hand instead of the planner's choice: `--pipeline P` (one stage per
     /// `--devices` entry, D x P with `--data-parallel D`), `--micro-batches`, `--schedule`,
     /// `--show-schedule`, `--split`; nothing is profiled.
@@ -128,6 +133,12 @@ fn main() -> ExitCode {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }
+    if let Some(task) = &args.command {
+        return match task.run(&args.devices, false) {
+            true => ExitCode::SUCCESS,
+            false => ExitCode::FAILURE,
+        };
+    }
     let placement = format!(
         "--devices {}, --batch-size {}",
         args.devices, args.batch_size
@@ -146,11 +157,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let specs = DeviceSpec::parse_list(&args.devices)?;
-    let devices = specs
-        .iter()
-        .map(DeviceSpec::device)
-        .collect::<Result<Vec<_>, _>>()?;
+    let named = DeviceSpec::open_list(&args.devices)?;
+    let specs: Vec<DeviceSpec> = named.iter().map(|(_, spec, _)| *spec).collect();
+    let devices: Vec<Device> = named.iter().map(|(_, _, device)| device.clone()).collect();
     let corpus = match &args.text {
         Some(path) => TextCorpus::from_file(path)?,
         None => TextCorpus::jargon_file(),
@@ -158,6 +167,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (train, held_out) = corpus.split(0.05)?;
     args.run.check()?;
     args.gpu.check(&specs)?;
+    if let Some(note) = args.step.note_for(&specs) {
+        eprintln!("{note}");
+    }
     let request = plan_request(&args)?;
     let identity = checkpoints::identity(&args, corpus.name());
     let from = args.run.resume_from()?;
@@ -198,7 +210,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         from,
         stop: args.run.stop_on_sigterm()?,
     };
-    let layout = choose_layout(&args, &data, request, (&specs, &devices))?;
+    let layout = choose_layout(&args, &data, request, &named)?;
     println!("plan: {}", layout.0);
     let started = Instant::now();
     // A failed attempt restarts from the latest checkpoint (--max-restarts).
@@ -421,7 +433,7 @@ fn choose_layout(
     args: &Args,
     data: &Data,
     request: PlanRequest,
-    (specs, devices): (&[DeviceSpec], &[Device]),
+    devices: &[(String, DeviceSpec, Device)],
 ) -> Result<layout::Chosen, Box<dyn std::error::Error>> {
     Ok(match (PipelineShape::by_hand(&args.pipeline), request) {
         (Some(shape), _) => {
@@ -429,13 +441,7 @@ fn choose_layout(
             layout::by_hand(shape)
         }
         (None, request) => {
-            let named = args.devices.split(',').map(|d| d.trim().to_string());
-            let named: Vec<_> = named
-                .zip(specs.iter().cloned())
-                .zip(devices.iter().cloned())
-                .map(|((name, spec), device)| (name, spec, device))
-                .collect();
-            let plan = planning::choose(args, data, request, &named)?;
+            let plan = planning::choose(args, data, request, devices)?;
             if let Some(note) = args.planner.save(plan.as_ref())? {
                 println!("{note}");
             }

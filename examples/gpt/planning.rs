@@ -6,7 +6,7 @@ use burn::tensor::Device;
 use kiln::core::DeviceSpec;
 use kiln::data::{BatchSource, TextWindows};
 use kiln::kernels::FusedAdamWConfig;
-use kiln::planner::{Fixed, ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning};
+use kiln::planner::{ModelProfile, Plan, PlanError, PlanRequest, ProfileKey, RunPlanning};
 use kiln::train::LanguageModeling;
 
 use crate::{Args, Data};
@@ -20,30 +20,19 @@ pub fn choose(
 ) -> Result<Option<Plan>, Box<dyn std::error::Error>> {
     let threads = (args.step.threads)
         .unwrap_or_else(|| kiln::ddp::default_threads_per_replica(devices.len()));
-    let planning = args.planner.apply(RunPlanning {
-        model: format!(
-            "gpt bytes {} layers {} heads width {} context {}{}",
-            args.layers,
-            args.heads,
-            args.width,
-            args.context,
-            if args.untied { " untied" } else { "" }
-        ),
-        devices: devices.to_vec(),
-        global_batch: args.batch_size,
-        request,
-        fixed: Fixed {
-            schedule: args.pipeline.schedule,
-            micro_batches: args.pipeline.micro_batches,
-        },
-        memory: Vec::new(),
-        threads,
-        optimizer: "adamw".into(),
-        // AdamW keeps two moments per parameter.
-        optimizer_state_factor: 2.0,
-        profile_cache: None,
-        predict: false,
-    })?;
+    let model = format!(
+        "gpt bytes {} layers {} heads width {} context {}{}",
+        args.layers,
+        args.heads,
+        args.width,
+        args.context,
+        if args.untied { " untied" } else { "" }
+    );
+    // AdamW keeps two moments per parameter.
+    let planning = RunPlanning::new(model, devices.to_vec(), args.batch_size, request, threads)
+        .fixed(args.pipeline.fixed())
+        .optimizer("adamw", 2.0);
+    let planning = args.planner.apply(planning)?;
     let planned = planning.choose(|device, key| profile(args, data, device, key, threads))?;
     for note in &planned.notes {
         println!("{note}");

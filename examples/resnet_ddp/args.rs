@@ -11,33 +11,14 @@ pub enum CommArg {
     Mpi,
 }
 
-/// What the binary does instead of training.
-#[derive(clap::Subcommand, Debug, Clone, PartialEq)]
-pub enum Command {
-    /// Check what this build and machine can do: compiled features, the CPU, every device
-    /// `--devices` names (opened and used), CUDA's libraries, wgpu adapters, MPI (`--comm mpi`
-    /// or under mpirun), an all-reduce bandwidth; a fix for each problem. Exits non-zero when a
-    /// named device cannot be used.
-    Doctor,
-    /// Check data-parallel training on `--devices` against one device (f32 and half
-    /// precision, host and device gradient paths, with a control that must fail); exits
-    /// non-zero on a failure. On a GPU node: `selftest --devices cuda:0,cuda:0`.
-    Selftest,
-    /// Run a job and launch it again after it fails, like `torchrun --max-restarts`: for MPI
-    /// jobs, which cannot restart themselves (`mpirun` ends every rank when one fails). The
-    /// job resumes itself, so it needs `--run-dir`, `--checkpoint-every` and `--resume latest`:
-    /// `launch --max-restarts 2 -- mpirun -np 2 resnet_ddp --comm mpi --devices cpu
-    /// --run-dir runs/a --checkpoint-every 50 --resume latest`.
-    Launch(kiln::checkpoint::LaunchOptions),
-}
-
 /// Train a ResNet with kiln.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 pub struct Args {
-    /// A task instead of training (`doctor`: check this build and machine).
+    /// A task instead of training (`doctor`: check this build and machine; `selftest`;
+    /// `launch`).
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub command: Option<kiln::doctor::Task>,
     /// ResNet depth: 18, 34, 50, 101 or 152.
     #[arg(long, default_value_t = 18)]
     pub model: usize,

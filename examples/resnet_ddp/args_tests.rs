@@ -89,7 +89,15 @@ fn options_that_would_be_ignored_are_refused_with_the_reason() {
         &["--pipeline", "2", "--plan", "dp"],
         &["--pipeline", "--plan"],
     );
-    refused(&["--comm", "mpi", "--plan", "pp=2"], &["--comm mpi"]);
+    refused(
+        &["--comm", "mpi", "--plan", "pp=2"],
+        &["--comm mpi", "--plan"],
+    );
+    // The planner does not run under MPI: its prediction would not be printed.
+    refused(
+        &["--comm", "mpi", "--predict"],
+        &["--comm mpi", "--predict"],
+    );
     refused(
         &["--data-parallel", "2"],
         &["--data-parallel", "--pipeline"],
@@ -191,13 +199,15 @@ fn launch_takes_the_job_after_a_double_dash() {
     .expect("a launch");
     assert_eq!(
         args.command,
-        Some(super::Command::Launch(kiln::checkpoint::LaunchOptions {
-            max_restarts: 2,
-            attempt_timeout: None,
-            job: ["mpirun", "-np", "2", "x", "--resume", "latest"]
-                .map(String::from)
-                .to_vec(),
-        }))
+        Some(kiln::doctor::Task::Launch(
+            kiln::checkpoint::LaunchOptions {
+                max_restarts: 2,
+                attempt_timeout: None,
+                job: ["mpirun", "-np", "2", "x", "--resume", "latest"]
+                    .map(String::from)
+                    .to_vec(),
+            }
+        ))
     );
     // The control: no job, nothing to launch; no timeout of zero seconds.
     assert!(parse(&["launch", "--max-restarts", "2"]).is_err());

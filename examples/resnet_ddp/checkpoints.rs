@@ -7,25 +7,26 @@ use kiln::checkpoint::{Attempt, RunIdentity};
 use crate::Setup;
 use crate::args::{Args, CommArg};
 
-/// Refuses checkpoint options this run cannot honour: local SGD's replicas differ between
-/// averagings, which a checkpoint does not hold yet.
+/// Refuses checkpoint options this run cannot honour: restarts of an MPI job from inside
+/// it, and checkpoints of local SGD (its replicas differ between averagings, which a
+/// checkpoint does not hold yet).
 pub fn refuse_conflicts(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let run = &args.run;
-    run.check()?;
-    if run.max_restarts > 0 && args.comm == CommArg::Mpi {
-        return Err("--max-restarts restarts in-process runs; an MPI job restarts from outside mpirun: `resnet_ddp launch --max-restarts N -- mpirun ... --resume latest`".into());
-    }
-    if !saveable(args) {
-        if run.checkpoint_every.is_some() || run.resume.is_some() {
-            return Err("checkpoints (--checkpoint-every, --resume) do not support --local-sgd yet: replicas differ between averagings".into());
-        }
-        if run.run_dir.is_some() {
-            println!(
-                "note: --run-dir records metrics and curves; no checkpoint is saved with --local-sgd (not supported yet)"
-            );
-        }
+    args.run.check()?;
+    args.run.check_processes(args.comm == CommArg::Mpi)?;
+    if !saveable(args)
+        && let Some(note) = args.run.refuse_checkpoints("--local-sgd")?
+    {
+        println!("{note}");
     }
     Ok(())
+}
+
+/// The model, as checkpoints, profiles and plans name it.
+pub fn model_name(args: &Args) -> String {
+    format!(
+        "resnet{} width {} cifar-stem 10 classes",
+        args.model, args.width
+    )
 }
 
 /// What identifies this run: the model and every option that changes the arithmetic.
@@ -34,28 +35,25 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 /// step's samples are the same contiguous run of the epoch's order whatever the split, and
 /// a ZeRO-1 checkpoint's optimizer parts join into the state one optimizer would hold.
 pub fn identity(args: &Args, step_samples: usize, steps: usize) -> RunIdentity {
-    RunIdentity::new(format!(
-        "resnet{} width {} cifar-stem 10 classes",
-        args.model, args.width
-    ))
-    .with("lr", args.lr)
-    .with("lr scaling", format!("{:?}", args.lr_scaling))
-    .with("samples per step", step_samples)
-    .with("accumulation", args.step.accumulation)
-    .with("total steps", steps)
-    .with("seed", args.seed)
-    .with(
-        "data",
-        args.data.as_ref().map_or_else(
-            || format!("synthetic {}", args.synthetic_samples),
-            |dir| dir.display().to_string(),
-        ),
-    )
-    .with("optimizer", "sgd momentum 0.9 weight decay 5e-4")
-    .with("compression", format!("{:?}", args.ddp.compression))
-    .with("sync bn", args.ddp.sync_bn)
-    .with("clip grad norm", format!("{:?}", args.step.clip_grad_norm))
-    .with("precision", format!("{:?}", args.step.amp))
+    RunIdentity::new(model_name(args))
+        .with("lr", args.lr)
+        .with("lr scaling", format!("{:?}", args.lr_scaling))
+        .with("samples per step", step_samples)
+        .with("accumulation", args.step.accumulation)
+        .with("total steps", steps)
+        .with("seed", args.seed)
+        .with(
+            "data",
+            args.data.as_ref().map_or_else(
+                || format!("synthetic {}", args.synthetic_samples),
+                |dir| dir.display().to_string(),
+            ),
+        )
+        .with("optimizer", "sgd momentum 0.9 weight decay 5e-4")
+        .with("compression", format!("{:?}", args.ddp.compression))
+        .with("sync bn", args.ddp.sync_bn)
+        .with("clip grad norm", format!("{:?}", args.step.clip_grad_norm))
+        .with("precision", format!("{:?}", args.step.amp))
 }
 
 /// Whether a checkpoint can hold this run's state (local SGD's replicas differ between

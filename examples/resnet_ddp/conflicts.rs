@@ -69,19 +69,15 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), String> {
                 .refuse_in_data_parallel("--plan dp or data-parallel options")
                 .map_err(|e| e.to_string())?;
         }
-        if args.comm == CommArg::Mpi
-            && (!matches!(
-                args.planner.plan,
-                PlanRequest::Auto | PlanRequest::DataParallel
-            ) || args.planner.global_batch.is_some()
-                || args.planner.device_memory.is_some()
-                || args.planner.profile_cache.is_some()
-                || args.planner.save_plan.is_some())
-        {
-            return Err(
-                "--comm mpi runs data parallel with --batch-size per replica, without the planner (a pipeline across processes is given by hand: --pipeline N, one stage per process): leave out --plan, --global-batch, --device-memory, --profile-cache and --save-plan"
-                    .into(),
-            );
+        // MPI runs are data parallel with --batch-size per replica, without the planner.
+        let mut planner = args.planner.given();
+        planner
+            .retain(|&flag| !(flag == "--plan" && args.planner.plan == PlanRequest::DataParallel));
+        if args.comm == CommArg::Mpi && !planner.is_empty() {
+            return Err(format!(
+                "--comm mpi runs data parallel with --batch-size per replica, without the planner (a pipeline across processes is given by hand: --pipeline N, one stage per process): leave out {}",
+                planner.join(", ")
+            ));
         }
     }
     if args.balance && args.comm == CommArg::Mpi {

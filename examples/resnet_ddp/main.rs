@@ -22,6 +22,7 @@ use kiln::kernels::FusedSgdConfig;
 use kiln::pipeline::PipelineShape;
 use kiln::planner::Layout;
 use kiln::resnet::{ResNet, ResNetConfig, StemKind};
+use kiln::train::{LrScaling, LrSchedule, StartupCost};
 
 mod args;
 mod checkpoints;
@@ -29,7 +30,6 @@ mod conflicts;
 mod pipeline;
 mod planning;
 mod replica;
-mod report;
 
 use replica::{announce, run_mpi, train_replica};
 
@@ -40,7 +40,6 @@ static ALLOCATOR: kiln::planner::TrackingAllocator = kiln::planner::TrackingAllo
 
 use args::{Args, CommArg};
 use conflicts::refuse_conflicts;
-use kiln::amp::Precision;
 
 fn main() -> ExitCode {
     let process_start = Instant::now();
@@ -59,39 +58,8 @@ fn main() -> ExitCode {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }
-    let passed = match &args.command {
-        Some(args::Command::Doctor) => {
-            let checkup = kiln::doctor::Doctor::new(&args.devices)
-                .require_mpi(args.comm == CommArg::Mpi)
-                .check();
-            print!("{checkup}");
-            Some(checkup.passed())
-        }
-        Some(args::Command::Selftest) => {
-            match kiln::ddp::SelfTest::on(&args.devices).and_then(|test| test.run()) {
-                Ok(report) => {
-                    println!("{report}");
-                    Some(report.passed())
-                }
-                Err(err) => {
-                    println!("selftest: {err}");
-                    Some(false)
-                }
-            }
-        }
-        Some(args::Command::Launch(launch)) => {
-            let outcome = launch.run();
-            match &outcome {
-                Ok(done) => eprintln!(
-                    "launch: the job succeeded after {} restart(s)",
-                    done.restarts
-                ),
-                Err(err) => eprintln!("error: {err}"),
-            }
-            Some(outcome.is_ok())
-        }
-        None => None,
-    };
+    let passed =
+        (args.command.as_ref()).map(|task| task.run(&args.devices, args.comm == CommArg::Mpi));
     if let Some(passed) = passed {
         return if passed {
             ExitCode::SUCCESS
@@ -130,24 +98,20 @@ struct Setup {
 }
 
 fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Error>> {
-    let specs = DeviceSpec::parse_list(&args.devices)?;
-    let devices = specs
-        .iter()
-        .map(DeviceSpec::device)
-        .collect::<Result<Vec<_>, _>>()?;
+    let named = DeviceSpec::open_list(&args.devices)?;
+    let specs: Vec<DeviceSpec> = named.iter().map(|(_, spec, _)| *spec).collect();
+    let devices: Vec<_> = named.iter().map(|(_, _, device)| device.clone()).collect();
     let task = match &args.data {
         Some(dir) => ImageTask::cifar10(dir)?,
         None => ImageTask::synthetic_cifar(args.synthetic_samples, 10, args.seed),
     };
     let model =
         ResNetConfig::from_depth(args.model, 10).ok_or("--model must be 18, 34, 50, 101 or 152")?;
-    let mut config = ddp_config(&args);
+    let mut config = args.ddp.config(DdpConfig::default().with_steps(&args.step));
     refuse_conflicts(&args)?;
     checkpoints::refuse_conflicts(&args)?;
-    if args.step.amp != Precision::F32 && specs.iter().all(|s| matches!(s, DeviceSpec::Cpu(_))) {
-        eprintln!(
-            "note: --amp on the CPU backend saves activation memory, not time (bf16 steps run at about f32 speed, f16 steps about 1.8x slower: Flex's f16 element-wise kernels)"
-        );
+    if let Some(note) = args.step.note_for(&specs) {
+        eprintln!("{note}");
     }
     let mut setup = Setup {
         task,
@@ -169,7 +133,7 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
     // would be planned apart); the in-process run asks the planner.
     let planning_start = Instant::now();
     let plan = match args.comm {
-        CommArg::Local => planning::choose(&args, &setup, &specs, &devices)?,
+        CommArg::Local => planning::choose(&args, &setup, &named)?,
         CommArg::Mpi => None,
     };
     if plan.is_none()
@@ -203,20 +167,25 @@ fn run(args: Args, process_start: Instant) -> Result<(), Box<dyn std::error::Err
         CommArg::Mpi => run_mpi(&args, &setup, devices, config)?,
     };
     print!("{}", kiln::ddp::outcome_lines(&outcomes));
-    report::print_timing(
-        &args,
-        &setup,
-        &outcomes,
-        process_start,
-        planning,
-        plan.as_ref(),
-    );
+    // Each replica's batch: the plan's shares, else --batch-size (MPI: ranks over processes).
+    let batch = |rank| {
+        setup
+            .planned_batches
+            .as_ref()
+            .map_or(args.batch_size, |b| b[rank])
+    };
+    let steady =
+        kiln::ddp::steady_step_seconds(&outcomes, |rank| batch(rank) * args.step.accumulation);
+    let first_steps = outcomes.iter().filter_map(|o| o.report.first_step);
+    let steady_step = steady.map(std::time::Duration::from_secs_f64);
+    if let Some(cost) = StartupCost::measure(process_start, planning, first_steps, steady_step) {
+        println!("{cost}");
+    }
+    if let Some(plan) = plan.filter(|plan| matches!(plan.layout, Layout::DataParallel { .. })) {
+        let predicted = plan.predicted.step_seconds;
+        println!("{}", kiln::planner::prediction_line(predicted, steady));
+    }
     Ok(())
-}
-
-/// The data-parallel options the command line asks for.
-fn ddp_config(args: &Args) -> DdpConfig {
-    args.ddp.config(DdpConfig::default().with_steps(&args.step))
 }
 
 /// Takes the planner's choice: a pipeline's shape and batch to run, or (`None`) the
@@ -241,6 +210,17 @@ fn follow_plan(
     setup.planned_batches = Some(batches.clone());
     config.gradient_checkpointing = plan.gradient_checkpointing;
     Ok(None)
+}
+
+/// The learning rate over `steps` steps of `step_samples` samples (`--lr`, `--lr-scaling`,
+/// said when `speaks`): a warm-up over the first tenth, then a cosine decay to zero.
+fn lr_schedule(args: &Args, steps: usize, step_samples: usize, speaks: bool) -> LrSchedule {
+    if speaks && args.lr_scaling != LrScaling::None {
+        println!("{}", args.lr_scaling.describe(args.lr, step_samples));
+    }
+    LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
+        .warmup((steps / 10).max(1))
+        .cosine(steps, 0.0)
 }
 
 /// The model every run of the example trains (and the planner profiles): `--seed`'s, built on

@@ -5,7 +5,6 @@ use burn::tensor::Device;
 use kiln::pipeline::{Pipeline, PipelineConfig, PipelineShape};
 use kiln::planner::prediction_line;
 use kiln::resnet::ResNet;
-use kiln::train::LrSchedule;
 
 use crate::Setup;
 use crate::args::Args;
@@ -66,12 +65,7 @@ fn run(
         .steps
         .unwrap_or(args.epochs * (loader.num_batches() / (groups * args.step.accumulation)));
     let step_samples = groups * batch_size * args.step.accumulation;
-    if args.lr_scaling != kiln::train::LrScaling::None {
-        say!("{}", args.lr_scaling.describe(args.lr, step_samples));
-    }
-    let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
-        .warmup((steps / 10).max(1))
-        .cosine(steps, 0.0);
+    let schedule = crate::lr_schedule(args, steps, step_samples, primary);
     say!(
         "kiln: resnet{} width {} | {groups} x {stages}-stage pipeline ({kind}, {} micro-batches of batch {} each, {} batches a step) on {} | {steps} steps",
         args.model,

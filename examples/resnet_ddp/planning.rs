@@ -2,7 +2,7 @@
 
 use burn::tensor::Device;
 use kiln::core::DeviceSpec;
-use kiln::planner::{Fixed, ModelProfile, Plan, PlanError, ProfileKey, RunPlanning};
+use kiln::planner::{ModelProfile, Plan, PlanError, ProfileKey, RunPlanning};
 use kiln::resnet::ResNet;
 use kiln::train::Classification;
 
@@ -17,15 +17,9 @@ type Error = Box<dyn std::error::Error>;
 pub fn choose(
     args: &Args,
     setup: &Setup,
-    specs: &[DeviceSpec],
-    devices: &[Device],
+    devices: &[(String, DeviceSpec, Device)],
 ) -> Result<Option<Plan>, Error> {
     let n = devices.len();
-    let names: Vec<String> = args
-        .devices
-        .split(',')
-        .map(|d| d.trim().to_string())
-        .collect();
     let (request, note) = args
         .planner
         .request(&data_parallel_only(args), &pipeline_refuses(args))?;
@@ -36,31 +30,16 @@ pub fn choose(
         .step
         .threads
         .unwrap_or_else(|| kiln::ddp::default_threads_per_replica(n));
-    let planning = args.planner.apply(RunPlanning {
-        model: format!(
-            "resnet{} width {} cifar-stem 10 classes",
-            args.model, args.width
-        ),
-        devices: names
-            .iter()
-            .cloned()
-            .zip(specs.iter().cloned())
-            .zip(devices.iter().cloned())
-            .map(|((name, spec), device)| (name, spec, device))
-            .collect(),
-        global_batch: args.batch_size * n,
+    let model = crate::checkpoints::model_name(args);
+    let planning = RunPlanning::new(
+        model,
+        devices.to_vec(),
+        args.batch_size * n,
         request,
-        fixed: Fixed {
-            schedule: args.pipeline.schedule,
-            micro_batches: args.pipeline.micro_batches,
-        },
-        memory: Vec::new(),
         threads,
-        optimizer: "sgd momentum 0.9".into(),
-        optimizer_state_factor: 1.0,
-        profile_cache: None,
-        predict: false,
-    })?;
+    )
+    .fixed(args.pipeline.fixed());
+    let planning = args.planner.apply(planning)?;
     let planned = planning.choose(|device, key| {
         profile_model(args, setup, device, key, threads)
             .map_err(|err| PlanError::Request(format!("profiling: {err}")))

@@ -4,11 +4,7 @@
 use kiln::data::ImageBatch;
 use kiln::ddp::{DdpConfig, Replica, ReplicaOutcome};
 use kiln::resnet::ResNet;
-use kiln::train::{
-    Classification, FaultyStep, GradientStep, LrSchedule, TrainError, Trainer, TrainerBuilder,
-};
-
-use kiln::train::LrScaling;
+use kiln::train::{Classification, FaultyStep, GradientStep, TrainError, Trainer, TrainerBuilder};
 
 use crate::args::Args;
 use crate::{Setup, build_model, checkpoints, optimizer};
@@ -83,12 +79,7 @@ pub(crate) fn train_replica(
     } else {
         args.batch_size * replica.world_size()
     } * args.step.accumulation;
-    if primary && args.lr_scaling != LrScaling::None {
-        println!("{}", args.lr_scaling.describe(args.lr, step_samples));
-    }
-    let schedule = LrSchedule::constant(args.lr_scaling.lr(args.lr, step_samples))
-        .warmup((total_steps / 10).max(1))
-        .cosine(total_steps, 0.0);
+    let schedule = crate::lr_schedule(args, total_steps, step_samples, primary);
     let attempt = checkpoints::attempt(args, setup, step_samples, total_steps);
     // Under ZeRO-1 the optimizer keeps (and resumes) the state of its own parameters only.
     let owned = replica.optimizer_shard(&model);

@@ -61,7 +61,8 @@ impl LaunchOptions {
     }
 }
 
-/// A positive number of seconds.
+/// A positive number of seconds (`--attempt-timeout`).
+#[cfg(any(feature = "clap", test))]
 fn positive_seconds(text: &str) -> Result<Duration, String> {
     let seconds: f64 = text.parse().map_err(|err| format!("not a number: {err}"))?;
     Duration::try_from_secs_f64(seconds)

@@ -106,6 +106,40 @@ impl RunOptions {
         Ok(())
     }
 
+    /// Refuses `--max-restarts` in a job of several processes (`across_processes`): when a
+    /// rank fails, `mpirun` ends the job, which restarts from outside instead
+    /// ([`LaunchOptions`](crate::LaunchOptions), a program's `launch` subcommand).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Options`] saying how to restart such a job.
+    pub fn check_processes(&self, across_processes: bool) -> Result<(), CheckpointError> {
+        if self.max_restarts > 0 && across_processes {
+            return Err(CheckpointError::Options {
+                reason: "--max-restarts restarts in-process runs; a job of several processes restarts from outside mpirun: `launch --max-restarts N -- mpirun ... --resume latest`".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// For a run whose state a checkpoint cannot hold yet (`why`, e.g. local SGD's replicas
+    /// between averagings): refuses `--checkpoint-every` and `--resume`, and with `--run-dir`
+    /// returns the note that says what it still records.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Options`] naming `why`.
+    pub fn refuse_checkpoints(&self, why: &str) -> Result<Option<String>, CheckpointError> {
+        if self.checkpoint_every.is_some() || self.resume.is_some() {
+            return Err(CheckpointError::Options {
+                reason: format!(
+                    "checkpoints (--checkpoint-every, --resume) do not support {why} yet"
+                ),
+            });
+        }
+        Ok(self.run_dir.as_ref().map(|_| {
+            format!("note: --run-dir records metrics and curves; no checkpoint is saved with {why} (not supported yet)")
+        }))
+    }
+
     /// The run's checkpoints (`RUN_DIR/checkpoints`, the newest `keep` kept), with a directory.
     pub fn store(&self) -> Option<CheckpointStore> {
         let dir = self.run_dir.as_ref()?;

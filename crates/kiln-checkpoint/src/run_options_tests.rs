@@ -183,3 +183,27 @@ fn a_failed_attempt_restarts_up_to_the_limit_and_the_directory_gets_its_records(
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn restarts_across_processes_and_checkpoints_of_unsaveable_state_are_refused() {
+    let dir = scratch("refusals");
+    let restarting = RunOptions {
+        max_restarts: 1,
+        ..with_dir(&dir)
+    };
+    let err = restarting.check_processes(true).unwrap_err().to_string();
+    assert!(err.contains("launch --max-restarts"), "{err}");
+    assert!(restarting.check_processes(false).is_ok());
+    let err = with_dir(&dir)
+        .refuse_checkpoints("local SGD")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("do not support local SGD"), "{err}");
+    let logging = RunOptions {
+        run_dir: Some(dir.clone()),
+        ..RunOptions::default()
+    };
+    let note = logging.refuse_checkpoints("local SGD").unwrap();
+    assert!(note.is_some_and(|note| note.contains("no checkpoint is saved")));
+    assert_eq!(RunOptions::default().refuse_checkpoints("x").unwrap(), None);
+}

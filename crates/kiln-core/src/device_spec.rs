@@ -72,6 +72,20 @@ impl DeviceSpec {
         text.split(',').map(|part| part.trim().parse()).collect()
     }
 
+    /// Parses a comma-separated list and opens every device: each entry's name as given
+    /// (trimmed), its spec and its Burn device — what a run's planner and replicas take.
+    ///
+    /// # Errors
+    /// The first entry that does not parse or cannot be opened.
+    pub fn open_list(text: &str) -> Result<Vec<(String, Self, Device)>, DeviceSpecError> {
+        let open = |name: &str| -> Result<_, DeviceSpecError> {
+            let spec: Self = name.parse()?;
+            let device = spec.device()?;
+            Ok((name.to_string(), spec, device))
+        };
+        text.split(',').map(|name| open(name.trim())).collect()
+    }
+
     /// The Burn device (without autodiff).
     pub fn device(&self) -> Result<Device, DeviceSpecError> {
         match *self {
@@ -154,6 +168,17 @@ impl fmt::Display for DeviceSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_opens_each_device_under_its_given_name() {
+        let opened = DeviceSpec::open_list("cpu, cpu:1").unwrap();
+        let named: Vec<_> = opened.iter().map(|(n, s, _)| (n.as_str(), *s)).collect();
+        assert_eq!(
+            named,
+            [("cpu", DeviceSpec::Cpu(0)), ("cpu:1", DeviceSpec::Cpu(1))]
+        );
+        assert!(DeviceSpec::open_list("cpu,tpu").is_err());
+    }
 
     #[test]
     fn parses_every_documented_form() {

@@ -66,7 +66,7 @@ pub use config::{Compression, DdpConfig, GradientPath, SyncMode};
 pub use consensus::average_buffers;
 pub use error::DdpError;
 pub use options::DdpOptions;
-pub use outcome::{ReplicaOutcome, StepWatch, outcome_lines};
+pub use outcome::{ReplicaOutcome, StepWatch, outcome_lines, steady_step_seconds};
 pub use plan::BucketPlan;
 pub use runtime::{DataParallel, Replica};
 pub use selftest::{SelfTest, SelfTestCheck, SelfTestReport};

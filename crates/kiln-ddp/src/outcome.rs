@@ -119,9 +119,48 @@ pub fn outcome_lines(outcomes: &[ReplicaOutcome]) -> String {
     out
 }
 
+/// The run's steady step in seconds: the median step after the first (which warms up) of
+/// its slowest replica, for replica `rank`'s `samples(rank)` samples a step. Replicas step in
+/// lockstep; validation and start-up are not counted (as a planner's prediction does not).
+/// `None` with fewer than two steps.
+pub fn steady_step_seconds(
+    outcomes: &[ReplicaOutcome],
+    samples: impl Fn(usize) -> usize,
+) -> Option<f64> {
+    (outcomes.iter())
+        .filter_map(|o| o.report.median_step_seconds(samples(o.rank)))
+        .reduce(f64::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steady_step_is_the_slowest_replicas_median_after_the_first_step() {
+        let record = |images_per_sec| kiln_train::StepRecord {
+            epoch: 0,
+            step: 0,
+            loss: 1.0,
+            accuracy: 0.0,
+            lr: 0.1,
+            images_per_sec,
+            data_wait: std::time::Duration::ZERO,
+            loss_scale: None,
+        };
+        let stepped = |rank, rates: &[f64]| {
+            let mut outcome = outcome(rank, 1.0);
+            outcome.report.steps = rates.iter().map(|&r| record(r)).collect();
+            outcome
+        };
+        // 10 samples a step: replica 1's median of 20, 5 and 10 img/s after its first is 1 s.
+        let outcomes = [
+            stepped(0, &[1.0, 20.0, 20.0, 20.0]),
+            stepped(1, &[1.0, 20.0, 5.0, 10.0]),
+        ];
+        assert_eq!(steady_step_seconds(&outcomes, |_| 10), Some(1.0));
+        assert_eq!(steady_step_seconds(&[stepped(0, &[1.0])], |_| 10), None);
+    }
 
     fn outcome(rank: usize, seconds: f64) -> ReplicaOutcome {
         let mut report = TrainReport::default();

@@ -132,6 +132,14 @@ impl PipelineOptions {
         }
     }
 
+    /// The choices given by hand that the planner keeps (`--schedule`, `--micro-batches`).
+    pub fn fixed(&self) -> kiln_planner::Fixed {
+        kiln_planner::Fixed {
+            schedule: self.schedule,
+            micro_batches: self.micro_batches,
+        }
+    }
+
     /// With `--show-schedule`, the chart of `config`'s schedule over `stages` stages (every
     /// accumulated micro-batch of a step; equal stages, backward twice a forward: the
     /// schedule's textbook shape).

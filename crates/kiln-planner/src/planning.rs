@@ -63,6 +63,47 @@ pub fn device_kind(spec: &DeviceSpec) -> String {
 }
 
 impl RunPlanning {
+    /// A planning of `model` (its name and configuration, as profile caches and saved plans
+    /// key it) on `devices` for `global_batch` samples a step, as `request` asks, with
+    /// `threads` compute threads per replica or stage: nothing fixed, no memory limit, no
+    /// cache, SGD with momentum's optimizer state. [`PlanOptions::apply`](crate::PlanOptions::apply)
+    /// writes a command line's limits, cache and prediction in.
+    pub fn new(
+        model: impl Into<String>,
+        devices: Vec<(String, DeviceSpec, Device)>,
+        global_batch: usize,
+        request: PlanRequest,
+        threads: usize,
+    ) -> Self {
+        Self {
+            model: model.into(),
+            devices,
+            global_batch,
+            request,
+            fixed: Fixed::default(),
+            memory: Vec::new(),
+            threads,
+            optimizer: "sgd momentum 0.9".into(),
+            optimizer_state_factor: 1.0,
+            profile_cache: None,
+            predict: false,
+        }
+    }
+
+    /// The optimizer as profile keys name it, and its state per parameter byte (1 for SGD
+    /// with momentum, 2 for Adam's two moments).
+    pub fn optimizer(mut self, name: impl Into<String>, state_factor: f64) -> Self {
+        self.optimizer = name.into();
+        self.optimizer_state_factor = state_factor;
+        self
+    }
+
+    /// The schedule and micro-batches the user fixed.
+    pub fn fixed(mut self, fixed: Fixed) -> Self {
+        self.fixed = fixed;
+        self
+    }
+
     /// The run's plan. `profile(device, key)` profiles the model on `device` (an inference
     /// device; the profile makes it an autodiff one, with gradient checkpointing when the
     /// key asks) at the key's batch sizes; it runs once per device kind, unless the cache

@@ -36,6 +36,16 @@ impl Default for LoaderOptions {
 }
 
 impl LoaderOptions {
+    /// Refuses what clap's parsers would have (for options filled by hand).
+    ///
+    /// # Errors
+    /// The flag and why, as text.
+    pub fn check(&self) -> Result<(), String> {
+        worker_count(&self.workers.to_string()).map_err(|why| format!("--workers: {why}"))?;
+        prefetch_depth(&self.prefetch.to_string()).map_err(|why| format!("--prefetch: {why}"))?;
+        Ok(())
+    }
+
     /// `builder` with these workers and prefetch depth.
     pub fn apply(&self, builder: DataLoaderBuilder) -> DataLoaderBuilder {
         builder.num_workers(self.workers).prefetch(self.prefetch)
@@ -76,5 +86,10 @@ mod tests {
         assert!(worker_count("-1").unwrap_err().contains("not a count"));
         assert!(prefetch_depth("0").is_err());
         assert_eq!(prefetch_depth("3"), Ok(3));
+        let by_hand = super::LoaderOptions {
+            workers: 1,
+            prefetch: 0,
+        };
+        assert!(by_hand.check().unwrap_err().contains("--prefetch"));
     }
 }
