@@ -90,15 +90,6 @@ fn options_that_would_be_ignored_are_refused_with_the_reason() {
         &["--pipeline", "--plan"],
     );
     refused(
-        &["--comm", "mpi", "--plan", "pp=2"],
-        &["--comm mpi", "--plan"],
-    );
-    // The planner does not run under MPI: its prediction would not be printed.
-    refused(
-        &["--comm", "mpi", "--predict"],
-        &["--comm mpi", "--predict"],
-    );
-    refused(
         &["--data-parallel", "2"],
         &["--data-parallel", "--pipeline"],
     );
@@ -212,4 +203,22 @@ fn launch_takes_the_job_after_a_double_dash() {
     // The control: no job, nothing to launch; no timeout of zero seconds.
     assert!(parse(&["launch", "--max-restarts", "2"]).is_err());
     assert!(parse(&["launch", "--attempt-timeout", "0", "--", "x"]).is_err());
+}
+
+/// An MPI run is data parallel without the planner: its options are refused by name.
+#[test]
+fn the_planners_options_are_refused_under_mpi() {
+    for (extra, names) in [
+        (&["--plan", "pp=2"][..], ["--comm mpi", "--plan"]),
+        // Its prediction would not be printed.
+        (&["--predict"][..], ["--comm mpi", "--predict"]),
+    ] {
+        let args = parse(&[&["--comm", "mpi"][..], extra].concat()).expect("parses");
+        let message = refuse_conflicts(&args).expect_err("refused");
+        for name in names {
+            assert!(message.contains(name), "{extra:?}: {message}");
+        }
+    }
+    let planless = parse(&["--comm", "mpi", "--plan", "dp"]).expect("parses");
+    assert_eq!(refuse_conflicts(&planless), Ok(()));
 }
