@@ -14,7 +14,7 @@ pub const BYTE_VOCABULARY: usize = 256;
 /// its tokens), its text, its optimizer schedule and precision (the plan is not part of it:
 /// any plan resumes it).
 pub fn identity(args: &Args, text: &str) -> RunIdentity {
-    RunIdentity::new("kiln gpt, byte-level")
+    let identity = RunIdentity::new("kiln gpt, byte-level")
         .with("tokenizer", "bytes (a token is a byte's value)")
         .with("vocabulary", BYTE_VOCABULARY)
         .with("layers", args.layers)
@@ -24,10 +24,14 @@ pub fn identity(args: &Args, text: &str) -> RunIdentity {
         .with("tied head", !args.untied)
         .with("text", text)
         .with("windows per step", args.batch_size)
-        .with("accumulation", args.step.accumulation)
         .with("lr", args.lr)
         .with("weight decay", args.weight_decay)
         .with("steps", args.steps)
         .with("seed", args.seed)
-        .with("amp", format!("{:?}", args.step.amp))
+        .with("amp", format!("{:?}", args.step.amp));
+    // Named only when given, so checkpoints of runs from before `--accumulation` resume.
+    match args.step.accumulation {
+        1 => identity,
+        batches => identity.with("accumulation", batches),
+    }
 }

@@ -25,7 +25,6 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, Box<dyn std::error::Erro
     }
     if args.pipeline.pipeline.is_some() {
         args.planner.refuse_by_hand("--pipeline")?;
-
         if args.zero1 {
             return Err("--zero1 shards a data-parallel optimizer: a pipeline's stages each keep their own parameters' state already (leave out --zero1, or ask for --plan dp)".into());
         }

@@ -212,6 +212,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let layout = choose_layout(&args, &data, request, &named)?;
     println!("plan: {}", layout.0);
+    if layout.1.is_some() && args.gpu.profile_kernels.is_some() {
+        return Err("--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet".into());
+    }
     let started = Instant::now();
     // A failed attempt restarts from the latest checkpoint (--max-restarts).
     let attempt = |from: Option<&std::path::Path>| -> Result<_, Box<dyn std::error::Error>> {
@@ -378,9 +381,6 @@ fn pipelined(
     devices: Vec<Device>,
     stages: &PipelineShape,
 ) -> Result<Trained, Box<dyn std::error::Error>> {
-    if args.gpu.profile_kernels.is_some() {
-        return Err("--profile-kernels marks the steady state of data-parallel runs; a pipeline's kernels are not profiled yet".into());
-    }
     let pipelines = stages.config.data_parallel;
     if !args.batch_size.is_multiple_of(pipelines) {
         return Err(format!(

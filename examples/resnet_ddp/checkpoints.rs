@@ -14,7 +14,9 @@ pub fn refuse_conflicts(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     args.run.check()?;
     args.run.check_processes(args.comm == CommArg::Mpi)?;
     if !saveable(args)
-        && let Some(note) = args.run.refuse_checkpoints("--local-sgd")?
+        && let Some(note) = args
+            .run
+            .refuse_checkpoints("--local-sgd", "replicas differ between averagings")?
     {
         println!("{note}");
     }

@@ -121,22 +121,26 @@ impl RunOptions {
         Ok(())
     }
 
-    /// For a run whose state a checkpoint cannot hold yet (`why`, e.g. local SGD's replicas
-    /// between averagings): refuses `--checkpoint-every` and `--resume`, and with `--run-dir`
-    /// returns the note that says what it still records.
+    /// For a run whose state a checkpoint cannot hold yet (`what`, e.g. `--local-sgd`, and
+    /// `why`: its replicas differ between averagings): refuses `--checkpoint-every` and
+    /// `--resume`, and with `--run-dir` returns the note that says what it still records.
     ///
     /// # Errors
-    /// [`CheckpointError::Options`] naming `why`.
-    pub fn refuse_checkpoints(&self, why: &str) -> Result<Option<String>, CheckpointError> {
+    /// [`CheckpointError::Options`] naming `what` and `why`.
+    pub fn refuse_checkpoints(
+        &self,
+        what: &str,
+        why: &str,
+    ) -> Result<Option<String>, CheckpointError> {
         if self.checkpoint_every.is_some() || self.resume.is_some() {
             return Err(CheckpointError::Options {
                 reason: format!(
-                    "checkpoints (--checkpoint-every, --resume) do not support {why} yet"
+                    "checkpoints (--checkpoint-every, --resume) do not support {what} yet: {why}"
                 ),
             });
         }
         Ok(self.run_dir.as_ref().map(|_| {
-            format!("note: --run-dir records metrics and curves; no checkpoint is saved with {why} (not supported yet)")
+            format!("note: --run-dir records metrics and curves; no checkpoint is saved with {what} (not supported yet)")
         }))
     }
 

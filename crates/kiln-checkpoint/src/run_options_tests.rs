@@ -195,15 +195,23 @@ fn restarts_across_processes_and_checkpoints_of_unsaveable_state_are_refused() {
     assert!(err.contains("launch --max-restarts"), "{err}");
     assert!(restarting.check_processes(false).is_ok());
     let err = with_dir(&dir)
-        .refuse_checkpoints("local SGD")
+        .refuse_checkpoints("local SGD", "replicas differ")
         .unwrap_err()
         .to_string();
-    assert!(err.contains("do not support local SGD"), "{err}");
+    assert!(
+        err.contains("do not support local SGD yet: replicas differ"),
+        "{err}"
+    );
     let logging = RunOptions {
         run_dir: Some(dir.clone()),
         ..RunOptions::default()
     };
-    let note = logging.refuse_checkpoints("local SGD").unwrap();
+    let note = logging
+        .refuse_checkpoints("local SGD", "replicas differ")
+        .unwrap();
     assert!(note.is_some_and(|note| note.contains("no checkpoint is saved")));
-    assert_eq!(RunOptions::default().refuse_checkpoints("x").unwrap(), None);
+    assert_eq!(
+        RunOptions::default().refuse_checkpoints("x", "y").unwrap(),
+        None
+    );
 }

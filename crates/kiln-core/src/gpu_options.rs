@@ -26,8 +26,8 @@ use crate::gpu_runtime::{AutotuneLevel, GpuCache, GpuRuntime, GpuRuntimeError};
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct GpuOptions {
     /// GPU backends: where compiled kernels and autotune results are kept between processes
-    /// (a directory, `default`: cubecl's — `target/environment` inside a cargo workspace, else
-    /// ~/.cache/cubecl — or `off`). Processes may share one.
+    /// (a directory; `default`: kept, in cubecl's place — `target/environment` inside a cargo
+    /// workspace, else ~/.cache/cubecl; or `off`). Processes may share one.
     #[cfg_attr(feature = "clap", arg(long, global = true, default_value = "default"))]
     pub gpu_cache: GpuCache,
     /// GPU backends: how hard autotune searches on a kernel's first use (minimal, balanced,
