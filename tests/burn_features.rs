@@ -3,7 +3,8 @@
 //! kiln declares burn with `default-features = false`, which also drops what Burn's defaults
 //! give its backends (Flex's threads and SIMD paths; the GPU backends' autotune, fusion and
 //! on-disk kernel cache). Losing one again costs 2-10x silently (minutes of start-up on a GPU),
-//! so this test reads the resolved feature graph.
+//! so this test reads the resolved feature graph. It also holds kiln's own default: the option
+//! types as clap arguments, which `default-features = false` leaves out.
 
 use std::process::Command;
 
@@ -108,4 +109,50 @@ fn the_bare_wgpu_feature_leaves_the_tuning_features_out() {
             "--features wgpu-bare pulls in burn-cubecl's `{feature}`:\n{cubecl}"
         );
     }
+}
+
+/// The option types are clap arguments by default (the facade's `clap` feature, a default
+/// one, enables every crate's), and a library build without default features leaves clap out
+/// of its normal dependencies (the examples' dev-dependency aside).
+#[test]
+fn clap_is_a_default_feature_that_reaches_every_option_crate_and_can_be_left_out() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tree = |extra: &[&str]| {
+        let mut args = vec!["tree", "-e", "normal,features", "-i", "clap", "-p", "kiln"];
+        args.extend(["--offline"]);
+        args.extend(extra);
+        let output = Command::new(&cargo)
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8")
+    };
+    let default = tree(&[]);
+    for package in [
+        "kiln",
+        "kiln-core",
+        "kiln-data",
+        "kiln-amp",
+        "kiln-train",
+        "kiln-checkpoint",
+        "kiln-ddp",
+        "kiln-pipeline",
+        "kiln-planner",
+    ] {
+        assert!(
+            default.contains(&format!("{package} feature \"clap\"")),
+            "{package}'s option types are not clap arguments by default:\n{default}"
+        );
+    }
+    let without = tree(&["--no-default-features"]);
+    assert!(
+        !without.contains("clap v"),
+        "clap without default features:\n{without}"
+    );
 }
