@@ -138,18 +138,9 @@ mod tests {
 
     #[test]
     fn the_steady_step_is_the_slowest_replicas_median_after_the_first_step() {
-        let record = |images_per_sec| kiln_train::StepRecord {
-            epoch: 0,
-            step: 0,
-            loss: 1.0,
-            accuracy: 0.0,
-            lr: 0.1,
-            images_per_sec,
-            data_wait: std::time::Duration::ZERO,
-            loss_scale: None,
-        };
         let stepped = |rank, rates: &[f64]| {
             let mut outcome = outcome(rank, 1.0);
+            let record = kiln_train::testing::step_at;
             outcome.report.steps = rates.iter().map(|&r| record(r)).collect();
             outcome
         };

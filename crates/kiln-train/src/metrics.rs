@@ -173,16 +173,7 @@ mod tests {
 
     #[test]
     fn the_median_step_leaves_the_first_out_and_needs_two_steps() {
-        let step = |images_per_sec| crate::StepRecord {
-            epoch: 0,
-            step: 0,
-            loss: 1.0,
-            accuracy: 0.0,
-            lr: 0.1,
-            images_per_sec,
-            data_wait: Duration::ZERO,
-            loss_scale: None,
-        };
+        let step = crate::testing::step_at;
         let mut report = super::TrainReport {
             steps: vec![step(1.0)],
             ..Default::default()

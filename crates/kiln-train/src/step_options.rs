@@ -80,13 +80,13 @@ impl StepOptions {
     /// The flag and why, as text.
     pub fn check(&self) -> Result<(), String> {
         if let Some(norm) = self.clip_grad_norm {
-            positive_norm(&norm.to_string()).map_err(|why| format!("--clip-grad-norm {why}"))?;
+            norm_in_range(norm).map_err(|why| format!("--clip-grad-norm {why}"))?;
         }
         if self.accumulation == 0 {
             return Err("--accumulation must be at least 1".into());
         }
         if let Some(threads) = self.threads {
-            thread_count(&threads.to_string()).map_err(|why| format!("--threads {why}"))?;
+            threads_in_range(threads).map_err(|why| format!("--threads {why}"))?;
         }
         Ok(())
     }
@@ -117,19 +117,29 @@ pub fn positive_rate(text: &str) -> Result<f64, String> {
 }
 
 /// A positive, finite gradient norm.
+#[cfg(any(feature = "clap", test))]
 fn positive_norm(text: &str) -> Result<f32, String> {
-    match text.parse::<f32>() {
-        Ok(norm) if norm.is_finite() && norm > 0.0 => Ok(norm),
-        Ok(norm) => Err(format!("must be positive and finite, not {norm}")),
-        Err(err) => Err(format!("not a number: {err}")),
+    norm_in_range(text.parse().map_err(|err| format!("not a number: {err}"))?)
+}
+
+fn norm_in_range(norm: f32) -> Result<f32, String> {
+    match norm.is_finite() && norm > 0.0 {
+        true => Ok(norm),
+        false => Err(format!("must be positive and finite, not {norm}")),
     }
 }
 
 /// Compute threads: at least one, at most this machine's cores (more would only contend, and
 /// an absurd count spent minutes spawning threads).
+#[cfg(any(feature = "clap", test))]
 fn thread_count(text: &str) -> Result<usize, String> {
+    threads_in_range(positive_count(text)?)
+}
+
+fn threads_in_range(count: usize) -> Result<usize, String> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    match positive_count(text)? {
+    match count {
+        0 => Err("must be at least 1".to_string()),
         count if count > cores => Err(format!(
             "{count} threads per replica, but this machine has {cores} cores"
         )),

@@ -212,6 +212,21 @@ pub fn reference(seed: u64, batches: &[Rows], steps: usize, lr: f64) -> HashMap<
     by_path(&model)
 }
 
+/// A step's record at `images_per_sec` (the rest fixed), for tests of what reports compute
+/// from a run's steps.
+pub fn step_at(images_per_sec: f64) -> crate::StepRecord {
+    crate::StepRecord {
+        epoch: 0,
+        step: 0,
+        loss: 1.0,
+        accuracy: 0.0,
+        lr: 0.1,
+        images_per_sec,
+        data_wait: std::time::Duration::ZERO,
+        loss_scale: None,
+    }
+}
+
 /// Trainable parameters by path.
 pub fn by_path<M: Module>(model: &M) -> HashMap<String, Vec<f32>> {
     let layout = FlatLayout::new(param_infos(model).into_iter().filter(|i| i.trainable));

@@ -41,8 +41,10 @@ impl LoaderOptions {
     /// # Errors
     /// The flag and why, as text.
     pub fn check(&self) -> Result<(), String> {
-        worker_count(&self.workers.to_string()).map_err(|why| format!("--workers: {why}"))?;
-        prefetch_depth(&self.prefetch.to_string()).map_err(|why| format!("--prefetch: {why}"))?;
+        workers_in_range(self.workers).map_err(|why| format!("--workers: {why}"))?;
+        if self.prefetch == 0 {
+            return Err("--prefetch: must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -55,18 +57,22 @@ impl LoaderOptions {
 /// Loader worker threads: 0 up to 8 per core, at least 64 (a worker is a thread; 100000 of
 /// them exhausted the process instead of an error).
 pub fn worker_count(text: &str) -> Result<usize, String> {
+    workers_in_range(text.parse().map_err(|err| format!("not a count: {err}"))?)
+}
+
+fn workers_in_range(count: usize) -> Result<usize, String> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let most = (8 * cores).max(64);
-    match text.parse::<usize>() {
-        Ok(count) if count > most => Err(format!(
+    match count > most {
+        true => Err(format!(
             "{count} loader workers, but at most {most} on this machine's {cores} cores"
         )),
-        Ok(count) => Ok(count),
-        Err(err) => Err(format!("not a count: {err}")),
+        false => Ok(count),
     }
 }
 
 /// Batches prepared ahead: at least one.
+#[cfg(any(feature = "clap", test))]
 fn prefetch_depth(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("must be at least 1".to_string()),
