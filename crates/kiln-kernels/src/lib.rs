@@ -50,11 +50,10 @@ mod backward;
 mod batch_norm;
 mod conv;
 mod gemm;
-#[cfg(test)]
-mod gemm_speed;
 mod isa;
 mod lane_sums;
 mod layer_norm;
+mod parts;
 mod scratch;
 mod sgd;
 mod short_copy;
@@ -77,6 +76,7 @@ pub use conv::path::{ConvPass, ConvPath, conv_path};
 pub use conv::probe::ConvProbe;
 pub use isa::MAX_ISA_VARIABLE;
 pub use layer_norm::{LayerNormKernel, layer_norm};
+pub use parts::{ConvBlock, KernelPart, PreparedPart};
 pub use sgd::{
     FusedSgd, FusedSgdConfig, FusedSgdState, MomentumCoefficients, SgdCoefficients, SgdKernel,
     sgd_step,

@@ -1,5 +1,5 @@
 //! What the kernels' tests share: convolution sizes, reproducible inputs, the relative error
-//! they are held to, runs in pools of a given size, and the speed tests' timing.
+//! they are held to, and runs in pools of a given size.
 
 use crate::conv::dims::ConvDims;
 use crate::conv::geometry::ConvGeometry;
@@ -58,21 +58,4 @@ pub(crate) fn in_pool<R: Send>(threads: usize, work: impl FnOnce() -> R + Send) 
         .build()
         .expect("a thread pool")
         .install(work)
-}
-
-/// The fastest of 5 runs of `f` (after one warm-up), in milliseconds, with freed memory kept
-/// in the process as the example and the bench keep it (`kiln_core::retain_freed_memory`):
-/// otherwise every call's megabytes of fresh scratch fault their pages in again, which the
-/// training step no longer pays (it tripled a 32-channel Winograd weight gradient).
-pub(crate) fn fastest_ms(f: &dyn Fn() -> Vec<f32>) -> f64 {
-    static RETAIN: std::sync::Once = std::sync::Once::new();
-    RETAIN.call_once(|| kiln_core::retain_freed_memory().unwrap_or_else(|err| eprintln!("{err}")));
-    f();
-    (0..5)
-        .map(|_| {
-            let start = std::time::Instant::now();
-            std::hint::black_box(f());
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .fold(f64::INFINITY, f64::min)
 }

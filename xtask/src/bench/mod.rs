@@ -9,6 +9,7 @@ mod collectives;
 mod ddp;
 mod gpt;
 mod gpt_memory;
+mod kernel_parts;
 mod kernels;
 mod loader;
 mod optimizer;
@@ -48,7 +49,7 @@ pub struct Output {
 
 type Bench = fn(&BenchArgs) -> Result<Output, Box<dyn std::error::Error>>;
 
-const SUITE: [(&str, Bench); 14] = [
+const SUITE: [(&str, Bench); 15] = [
     ("collectives", collectives::run),
     ("overhead", overhead::run),
     ("ddp", ddp::run),
@@ -58,6 +59,7 @@ const SUITE: [(&str, Bench); 14] = [
     ("profile", profile::run),
     ("optimizer", optimizer::run),
     ("kernels", kernels::run),
+    ("kernel-parts", kernel_parts::run),
     ("peer", peer::run),
     ("pipeline", pipeline::run),
     ("planner", planner::run),

@@ -196,27 +196,3 @@ fn half_precision_batch_norm_is_computed_in_f32_and_cast_back() {
         assert!(error <= 2e-2, "bf16 {what} differs by {error}");
     }
 }
-
-/// One thread, ResNet-18's batch norms at width 16 (batch 32), forward and backward:
-/// `cargo test --release -p kiln-kernels batch_norm_speed -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn batch_norm_speed() {
-    let device = Device::flex().autodiff();
-    for shape in [
-        [32, 16, 32, 32],
-        [32, 32, 16, 16],
-        [32, 64, 8, 8],
-        [32, 128, 4, 4],
-    ] {
-        let inputs = inputs(&device, shape, 0.5);
-        let mut best = f64::INFINITY;
-        for _ in 0..10 {
-            let start = std::time::Instant::now();
-            let r = run(&inputs, true);
-            std::hint::black_box(r.x_grad.into_data());
-            best = best.min(start.elapsed().as_secs_f64() * 1e3);
-        }
-        println!("batch norm {shape:?} forward + backward: {best:.2} ms");
-    }
-}

@@ -318,39 +318,3 @@ mod tests {
         }
     }
 }
-
-#[cfg(test)]
-mod speed {
-    use super::{ConvDims, im2col};
-    use crate::conv::geometry::ConvGeometry;
-
-    /// One thread, ResNet-18's narrow stride-1 shapes on im2col (batch 32, blocks of 16):
-    /// `cargo test --release -p kiln-kernels im2col_speed -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn im2col_speed() {
-        for (c, size) in [(128usize, 4usize), (512, 4), (64, 8), (16, 32)] {
-            let g = ConvGeometry::new().with_padding([(1, 1), (1, 1)]);
-            let d = ConvDims {
-                channels: c,
-                input: [size, size],
-                kernel: [3, 3],
-                output: [size, size],
-                geometry: g,
-            };
-            let x: Vec<f32> = (0..32 * d.image_len()).map(|i| i as f32).collect();
-            let per = 256usize.div_ceil(d.positions());
-            let mut columns = vec![0.0; d.rows() * per * d.positions()];
-            let mut best = f64::INFINITY;
-            for _ in 0..10 {
-                let start = std::time::Instant::now();
-                for first in (0..32).step_by(per) {
-                    im2col(&x, &d, first..first + per, &mut columns);
-                }
-                std::hint::black_box(&columns);
-                best = best.min(start.elapsed().as_secs_f64() * 1e3);
-            }
-            println!("c{c} {size}x{size}: im2col of 32 images {best:.3} ms");
-        }
-    }
-}

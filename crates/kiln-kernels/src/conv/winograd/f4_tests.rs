@@ -8,7 +8,7 @@ use crate::conv::flex::{forward_values, im2col_forward, input_gradient};
 use crate::conv::geometry::ConvGeometry;
 use crate::conv::winograd::f2::{self, MIN_CHANNELS};
 use crate::conv::winograd::f4::{self, MIN_OUTPUT, NARROW_MIN_CHANNELS, WIDE_OUTPUT};
-use crate::test_support::{conv_dims, fastest_ms, in_pool, relative_error, values};
+use crate::test_support::{conv_dims, in_pool, relative_error, values};
 
 /// F(4×4, 3×3) rounds more than F(2×2, 3×3) (whose tests hold it to 1e-5): its transforms
 /// scale by up to 8 going in and by 1⁄24 on the kernel. Measured (the F(4×4) timings of `cargo xtask bench --only kernels`'s shapes): 5e-6
@@ -116,101 +116,4 @@ fn only_outputs_of_at_least_16_take_f4x4_and_the_input_gradient_follows() {
     let expected = crate::conv::flex::scattered_input_gradient(&weight, &grad, &d, batch, cout);
     let error = relative_error(&input_gradient(&weight, &grad, &d, batch, cout), &expected);
     assert!(error < TOLERANCE, "input gradient: {error}");
-}
-
-/// Times the parts of one block of ResNet-18's 3×3 unit-stride shapes (input transform, the 36
-/// GEMMs, output transform; plane by plane, and across images where that applies) at several
-/// block sizes: `cargo test --release -p kiln-kernels winograd4_parts -- --ignored
-/// --nocapture`.
-#[test]
-#[ignore]
-fn winograd4_parts() {
-    use crate::conv::winograd::f4_tiles::{
-        POINTS, channel_stride, transform_input, transform_output,
-    };
-    use crate::conv::winograd::tiles::Tiling;
-    use crate::gemm::{Matrix, matmul};
-    in_pool(1, || {
-        for (c, size, images) in [
-            (64usize, 32usize, 1usize),
-            (64, 32, 2),
-            (64, 32, 4),
-            (128, 16, 4),
-            (128, 16, 8),
-            (128, 16, 16),
-        ] {
-            let d = dims(c, [size, size], [(1, 1), (1, 1)]);
-            let tiling = Tiling::with_side(&d, 4);
-            let tiles = images * tiling.per_image();
-            let x = values(32 * d.image_len(), 1);
-            let best = |f: &dyn Fn() -> Vec<f32>| {
-                (0..3).map(|_| fastest_ms(f)).fold(f64::INFINITY, f64::min)
-            };
-            let ti = best(&|| {
-                let mut v = vec![0.0; c * channel_stride(tiles)];
-                transform_input(&x, &d, tiling, 0..images, &mut v);
-                v
-            });
-            let tb = best(&|| {
-                let mut v = vec![0.0; c * channel_stride(tiles)];
-                crate::conv::winograd::images::transform_input::<6>(
-                    &x,
-                    &d,
-                    tiling,
-                    0..images,
-                    &mut v,
-                    crate::conv::winograd::f4_tiles::input_1d,
-                );
-                v
-            });
-            let ob = best(&|| {
-                let m = values(POINTS * c * tiles, 4);
-                let mut out = vec![0.0; images * c * d.positions()];
-                crate::conv::winograd::images::transform_output::<6, 4>(
-                    &m,
-                    &d,
-                    tiling,
-                    c,
-                    tiles,
-                    &mut out,
-                    crate::conv::winograd::f4_tiles::output_1d,
-                );
-                out
-            });
-            println!("  batched: input {tb:.3} output (with a fill) {ob:.3}");
-            let mut v = vec![0.0; c * channel_stride(tiles)];
-            transform_input(&x, &d, tiling, 0..images, &mut v);
-            let u = values(POINTS * c * c, 3);
-            let mm = best(&|| {
-                let mut m = vec![0.0; POINTS * c * tiles];
-                for point in 0..POINTS {
-                    matmul(
-                        &mut m[point * c * tiles..][..c * tiles],
-                        false,
-                        (&u[point * c * c..][..c * c], Matrix::row_major(c, c)),
-                        (
-                            &v[point * tiles..],
-                            Matrix {
-                                rows: c,
-                                cols: tiles,
-                                row_stride: channel_stride(tiles),
-                                col_stride: 1,
-                            },
-                        ),
-                    );
-                }
-                m
-            });
-            let m = values(POINTS * c * tiles, 4);
-            let to = best(&|| {
-                let mut out = vec![0.0; images * c * d.positions()];
-                transform_output(&m, &d, tiling, c, tiles, &mut out);
-                out
-            });
-            let blocks = 32 / images;
-            println!(
-                "c{c} {size}x{size}: per block of {images} images ({blocks} blocks): input {ti:.3} gemm {mm:.3} output {to:.3} ms"
-            );
-        }
-    });
 }
