@@ -50,15 +50,7 @@ pub(super) fn build_rows() -> Vec<Row> {
 }
 
 pub(super) fn cpu_rows() -> Vec<Row> {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split(':').nth(1))
-                .map(|name| name.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let model = crate::core::cpu_name();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     #[allow(unused_mut)]
     let mut simd: Vec<&str> = Vec::new();

@@ -23,6 +23,7 @@
 
 pub mod backward_from;
 pub mod classifier;
+pub mod cpu_name;
 pub mod device_spec;
 pub mod flat;
 pub mod forward;
@@ -40,6 +41,7 @@ pub mod warm_pool;
 
 pub use backward_from::backward_from;
 pub use classifier::ImageClassifier;
+pub use cpu_name::cpu_name;
 pub use device_spec::{CUDA_FIX, DeviceSpec, DeviceSpecError, WGPU_FIX};
 pub use flat::{
     FlatEntry, FlatLayout, GradWriter, ParamReader, ParamWriter, fingerprint, fingerprint_values,

@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cache_choice;
 mod cost;
 mod interconnect;
 #[cfg(test)]
@@ -44,6 +45,9 @@ mod partition;
 mod partition_tests;
 mod plan;
 mod planning;
+mod planning_cache;
+#[cfg(test)]
+mod planning_cache_tests;
 mod profile;
 mod profile_model;
 #[cfg(test)]
@@ -53,6 +57,7 @@ mod search;
 mod search_tests;
 mod update_profile;
 
+pub use cache_choice::ProfileCacheChoice;
 pub use cost::{
     Interconnect, PipelineShape, PlanDevice, Workload, predict_data_parallel, predict_pipeline,
 };

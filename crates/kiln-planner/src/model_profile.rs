@@ -14,6 +14,10 @@ pub struct ProfileKey {
     pub model: String,
     /// The device, as `--devices` names it (`cpu`, `cuda:0`).
     pub device: String,
+    /// The host's CPU ([`kiln_core::cpu_name`]): a cache in a home directory shared between
+    /// machines keeps each machine's profiles apart.
+    #[serde(default)]
+    pub machine: String,
     /// `f32`, `bf16` or `f16`.
     pub precision: String,
     /// The optimizer (its state size enters the memory estimate).
@@ -174,7 +178,9 @@ impl ProfileCache {
     pub fn store(&self, profile: &ModelProfile) -> Result<PathBuf, std::io::Error> {
         std::fs::create_dir_all(&self.dir).map_err(|err| named(&self.dir, err))?;
         let path = self.path(&profile.key);
-        let partial = path.with_extension("json.partial");
+        // One partial file per process: two runs storing the same key at once each rename a
+        // whole file of their own, and the last one stays.
+        let partial = path.with_extension(format!("json.partial-{}", std::process::id()));
         let text = serde_json::to_string_pretty(profile).expect("a profile serialises");
         std::fs::write(&partial, text).map_err(|err| named(&partial, err))?;
         std::fs::rename(&partial, &path).map_err(|err| named(&path, err))?;

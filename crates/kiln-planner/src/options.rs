@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::{Plan, PlanError, PlanRequest, RunPlanning, parse_memory_limits};
+use crate::{Plan, PlanError, PlanRequest, ProfileCacheChoice, RunPlanning, parse_memory_limits};
 
 /// The planner's options (the field names are the flags' names).
 ///
@@ -37,10 +37,11 @@ pub struct PlanOptions {
     /// per device (`cpu:0=2GiB,cpu:1=1GiB`). Default: no limit.
     #[cfg_attr(feature = "clap", arg(long))]
     pub device_memory: Option<String>,
-    /// Keep the planner's profiles in this directory and reuse them when the model, batch
-    /// sizes, device, threads and kiln version match.
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub profile_cache: Option<PathBuf>,
+    /// Where the planner keeps its profiles, reused when the model, batch sizes, device, host
+    /// CPU, threads and kiln version match: `default` (the per-user cache,
+    /// ~/.cache/kiln/planner-profiles on Linux), `off` (profile every run) or a directory.
+    #[cfg_attr(feature = "clap", arg(long, default_value = "default"))]
+    pub profile_cache: ProfileCacheChoice,
     /// Profile the model and predict the step even when nothing is left to choose (data
     /// parallel on identical devices with equal batches, where the planner skips profiling).
     #[cfg_attr(feature = "clap", arg(long))]
@@ -51,13 +52,13 @@ pub struct PlanOptions {
 }
 
 impl Default for PlanOptions {
-    /// `auto`, nothing else given.
+    /// `auto`, the per-user profile cache, nothing else given.
     fn default() -> Self {
         Self {
             plan: PlanRequest::Auto,
             global_batch: None,
             device_memory: None,
-            profile_cache: None,
+            profile_cache: ProfileCacheChoice::PerUser,
             predict: false,
             save_plan: None,
         }
@@ -71,7 +72,10 @@ impl PlanOptions {
             (self.plan != PlanRequest::Auto, "--plan"),
             (self.global_batch.is_some(), "--global-batch"),
             (self.device_memory.is_some(), "--device-memory"),
-            (self.profile_cache.is_some(), "--profile-cache"),
+            (
+                self.profile_cache != ProfileCacheChoice::PerUser,
+                "--profile-cache",
+            ),
             (self.predict, "--predict"),
             (self.save_plan.is_some(), "--save-plan"),
         ]
@@ -146,7 +150,7 @@ impl PlanOptions {
         Ok(RunPlanning {
             global_batch: self.global_batch.unwrap_or(planning.global_batch),
             memory: parse_memory_limits(self.device_memory.as_deref(), &names)?,
-            profile_cache: self.profile_cache.clone(),
+            profile_cache: self.profile_cache.directory(),
             predict: self.predict || self.save_plan.is_some(),
             ..planning
         })
@@ -203,7 +207,7 @@ mod tests {
             plan: PlanRequest::Pipeline(2),
             global_batch: Some(96),
             device_memory: Some("cpu:1=1GiB".into()),
-            profile_cache: Some("cache".into()),
+            profile_cache: ProfileCacheChoice::Directory("cache".into()),
             predict: false,
             save_plan: Some("plan.json".into()),
         };
@@ -215,6 +219,18 @@ mod tests {
         assert_eq!(planning.threads, 1, "the caller's fields stay");
         assert_eq!(options.given().len(), 5, "{:?}", options.given());
         assert!(PlanOptions::default().given().is_empty());
+        let per_user = PlanOptions::default().apply(two_cpus()).unwrap();
+        assert_eq!(
+            per_user.profile_cache,
+            ProfileCacheChoice::per_user_directory(),
+            "profiles are cached per user unless told otherwise"
+        );
+        let off = PlanOptions {
+            profile_cache: ProfileCacheChoice::Off,
+            ..PlanOptions::default()
+        };
+        assert_eq!(off.apply(two_cpus()).unwrap().profile_cache, None);
+        assert_eq!(off.given(), ["--profile-cache"]);
         assert_eq!(
             PlanOptions::default()
                 .apply(two_cpus())
@@ -334,5 +350,8 @@ mod tests {
             PlanOptions::default()
         );
         assert!(Command::try_parse_from(["x", "--plan", "pp=0"]).is_err());
+        let off = Command::try_parse_from(["x", "--profile-cache", "off"]).unwrap();
+        assert_eq!(off.planner.profile_cache, ProfileCacheChoice::Off);
+        assert!(Command::try_parse_from(["x", "--profile-cache", ""]).is_err());
     }
 }

@@ -11,8 +11,8 @@ use burn::tensor::Device;
 use kiln_core::DeviceSpec;
 
 use crate::{
-    Fixed, Layout, ModelProfile, Plan, PlanDevice, PlanError, PlanRequest, ProfileCache,
-    ProfileKey, TIE_MARGIN, Workload, choose_plan_with_lever, measure_interconnect,
+    Fixed, Layout, ModelProfile, Plan, PlanDevice, PlanError, PlanRequest, ProfileKey, TIE_MARGIN,
+    Workload, choose_plan_with_lever, measure_interconnect,
 };
 
 /// What a run asks the planner.
@@ -111,7 +111,8 @@ impl RunPlanning {
     ///
     /// # Errors
     /// A saved plan that is not this run's, a request that cannot be planned, memory that
-    /// no plan fits even recomputing activations, a failed profile or cache.
+    /// no plan fits even recomputing activations, a failed profile (a profile cache that
+    /// cannot be read or written is a note, and the model is profiled).
     pub fn choose(
         &self,
         mut profile: impl FnMut(&Device, ProfileKey) -> Result<ModelProfile, PlanError>,
@@ -149,7 +150,7 @@ impl RunPlanning {
         let per_replica = (self.global_batch / n).max(1);
         let mut batches = vec![(per_replica / 4).max(1), per_replica];
         batches.dedup();
-        let profiles = self.profiles(&kinds, &batches, &mut profile)?;
+        let (profiles, all_cached) = self.profiles(&kinds, &batches, &mut profile, &mut notes)?;
         let plan_devices = self.plan_devices(&profiles, &kinds[0].0);
         let devices: Vec<Device> = self.devices.iter().map(|(_, _, d)| d.clone()).collect();
         let net = measure_interconnect(n, &devices, 5)?;
@@ -187,8 +188,9 @@ impl RunPlanning {
                 choice.chosen.summary()
             ));
         }
+        let how = if all_cached { "read" } else { "profiled" };
         notes.push(format!(
-            "planner: profiled {} segments at batches {batches:?} on {} in {:.1} s, predicted {} plans",
+            "planner: {how} {} segments at batches {batches:?} on {} in {:.1} s, predicted {} plans",
             first.segments(),
             kinds
                 .iter()
@@ -210,47 +212,6 @@ impl RunPlanning {
             plan: Some(choice.chosen),
             notes,
         })
-    }
-
-    /// One profile per device kind of `kinds` at `batches`: the cache's, or `profile`'s
-    /// (then cached).
-    fn profiles(
-        &self,
-        kinds: &[(String, Device)],
-        batches: &[usize],
-        profile: &mut impl FnMut(&Device, ProfileKey) -> Result<ModelProfile, PlanError>,
-    ) -> Result<BTreeMap<String, ModelProfile>, PlanError> {
-        let cache = self.profile_cache.as_ref().map(ProfileCache::new);
-        let cache_error = |err: std::io::Error| PlanError::Request(format!("profile cache: {err}"));
-        let mut profiles = BTreeMap::new();
-        for (kind, device) in kinds {
-            let key = ProfileKey {
-                model: self.model.clone(),
-                device: kind.clone(),
-                precision: "f32".into(),
-                optimizer: self.optimizer.clone(),
-                threads: self.threads,
-                batches: batches.to_vec(),
-                kiln: env!("CARGO_PKG_VERSION").into(),
-                gradient_checkpointing: false,
-            };
-            let cached = match &cache {
-                Some(cache) => cache.load(&key).map_err(cache_error)?,
-                None => None,
-            };
-            let measured = match cached {
-                Some(measured) => measured,
-                None => {
-                    let measured = profile(device, key)?;
-                    if let Some(cache) = &cache {
-                        cache.store(&measured).map_err(cache_error)?;
-                    }
-                    measured
-                }
-            };
-            profiles.insert(kind.clone(), measured);
-        }
-        Ok(profiles)
     }
 
     /// A saved plan, checked against this run (model, devices, global batch, fixed schedule

@@ -243,6 +243,7 @@ fn a_whole_model_is_profiled_at_each_batch_size_and_a_short_batch_is_refused() {
     let key = crate::ProfileKey {
         model: "resnet18 width 4".into(),
         device: "cpu".into(),
+        machine: "test".into(),
         precision: "f32".into(),
         optimizer: "sgd".into(),
         threads: 1,

@@ -31,6 +31,7 @@ pub(crate) fn profile(segments: usize, params: u64, activations_measured: bool) 
         key: ProfileKey {
             model: "fake".into(),
             device: "cpu".into(),
+            machine: "test".into(),
             precision: "f32".into(),
             optimizer: "sgd-momentum".into(),
             threads: 1,

@@ -115,6 +115,7 @@ fn profile(
         key: ProfileKey {
             model: "gpt (bench)".into(),
             device: "cpu".into(),
+            machine: kiln::core::cpu_name(),
             precision: "f32".into(),
             optimizer: "adamw".into(),
             threads,

@@ -88,6 +88,7 @@ fn profile(depth: usize, threads: usize) -> Result<ModelProfile, Box<dyn std::er
         key: ProfileKey {
             model: format!("resnet{depth} width {WIDTH}"),
             device: "cpu".into(),
+            machine: kiln::core::cpu_name(),
             precision: "f32".into(),
             optimizer: "sgd momentum 0.9".into(),
             threads,
