@@ -258,9 +258,12 @@ fn products(block: ConvBlock, u: &[f32], v: &[f32]) -> Vec<f32> {
     m
 }
 
-/// Reproducible values in [-1, 1) (a linear congruential sequence from `seed`).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005);
+/// Reproducible values in [-1, 1) (a linear congruential sequence from `seed`); the kernels'
+/// tests take theirs from here too.
+pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..len)
         .map(|_| {
             state = state

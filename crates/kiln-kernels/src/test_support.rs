@@ -24,21 +24,7 @@ pub(crate) fn conv_dims(
     }
 }
 
-/// Reproducible values in [-1, 1).
-pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
+pub(crate) use crate::parts::values;
 pub(crate) use kiln_test_support::relative_error;
 
 /// [`relative_error`] of two tensors' values.

@@ -4,13 +4,12 @@
 //! transform per block of images at several block sizes (both layouts of each transform), and
 //! ResNet-18's batch norms forward and backward against Burn's own batch norm.
 
-use std::time::Instant;
-
 use burn::tensor::{Device, Distribution, Tensor};
 use kiln::kernels::{ConvBlock, KernelPart, batch_norm_train};
 
 use super::Output;
 use crate::BenchArgs;
+use crate::measure::fastest_ms;
 use crate::report::{Figure, Target};
 
 const NAME: &str = "kernel-parts";
@@ -46,18 +45,6 @@ const BATCH_NORMS: [[usize; 4]; 4] = [
     [32, 64, 8, 8],
     [32, 128, 4, 4],
 ];
-
-/// The fastest of `repeat` runs after a warm-up, in milliseconds.
-fn fastest_ms<T>(repeat: usize, f: impl Fn() -> T) -> f64 {
-    std::hint::black_box(f());
-    (0..repeat)
-        .map(|_| {
-            let start = Instant::now();
-            std::hint::black_box(f());
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .fold(f64::INFINITY, f64::min)
-}
 
 /// One part's time (and throughput where it is a product), printed and as figures.
 fn time_part(part: KernelPart, repeat: usize) -> Result<Vec<Figure>, String> {

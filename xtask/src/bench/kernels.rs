@@ -6,13 +6,13 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Instant;
 
 use kiln::kernels::{ConvGeometry, ConvPass, ConvPath, ConvProbe};
 
 use super::Output;
 use super::peer::{peer_available, peer_result};
 use crate::BenchArgs;
+use crate::measure::fastest_ms;
 use crate::report::{Figure, Target};
 
 const NAME: &str = "kernels";
@@ -39,18 +39,6 @@ fn resnet18_convolutions(w: usize) -> [(usize, usize, usize, usize, usize, usize
         (8 * w, 8 * w, 4, 3, 1, 3),
         (4 * w, 8 * w, 8, 1, 2, 1),
     ]
-}
-
-/// The fastest of `repeat` runs after a warm-up, in milliseconds.
-fn fastest_ms(repeat: usize, f: impl Fn() -> Option<Vec<f32>>) -> f64 {
-    std::hint::black_box(f());
-    (0..repeat)
-        .map(|_| {
-            let start = Instant::now();
-            std::hint::black_box(f());
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .fold(f64::INFINITY, f64::min)
 }
 
 /// Per pass: the chosen paths' and the fastest paths' time over the network (each layer
