@@ -61,7 +61,7 @@ pub struct BenchArgs {
     /// Smaller sizes and fewer repetitions (the CI smoke run; a few minutes on 2 cores).
     #[arg(long)]
     pub quick: bool,
-    /// Run only these benchmarks (collectives, overhead, ddp, loader, amp, threads, profile, optimizer, kernels, peer, pipeline, planner, checkpoint, gpt).
+    /// Run only these benchmarks (collectives, overhead, ddp, loader, amp, threads, profile, optimizer, kernels, kernel-parts, peer, pipeline, planner, checkpoint, gpt).
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
     /// Devices for the training benchmarks (one replica each; default CPU replicas).

@@ -9,9 +9,10 @@ use std::str::FromStr;
 ///
 /// The per-user cache is `kiln/planner-profiles` under the platform's cache directory
 /// (`$XDG_CACHE_HOME` or `~/.cache` on Linux, `~/Library/Caches` on macOS, the local app
-/// data folder on Windows). A profile is reused only for its exact key (model, batch sizes,
-/// device, host CPU, precision, optimizer, threads, kiln version), so a home directory shared
-/// between machines keeps each machine's own.
+/// data folder on Windows; none where the platform names no cache directory). A profile is
+/// reused only for its exact key (model, batch sizes, device, host CPU and its vector
+/// instructions, build, precision, optimizer, threads, kiln version), so a home directory
+/// shared between machines keeps each kind of host's own.
 ///
 /// ```
 /// use kiln_planner::ProfileCacheChoice;

@@ -14,8 +14,10 @@ pub struct ProfileKey {
     pub model: String,
     /// The device, as `--devices` names it (`cpu`, `cuda:0`).
     pub device: String,
-    /// The host's CPU ([`kiln_core::cpu_name`]): a cache in a home directory shared between
-    /// machines keeps each machine's profiles apart.
+    /// The host: its CPU ([`kiln_core::cpu_name`]) and vector instructions, a `KILN_MAX_ISA`
+    /// cap, a debug build. A cache in a home directory shared between machines keeps each
+    /// kind of host's profiles apart (not GPUs of different models behind the same CPU:
+    /// give such machines a `--profile-cache DIR` each).
     #[serde(default)]
     pub machine: String,
     /// `f32`, `bf16` or `f16`.
@@ -178,12 +180,19 @@ impl ProfileCache {
     pub fn store(&self, profile: &ModelProfile) -> Result<PathBuf, std::io::Error> {
         std::fs::create_dir_all(&self.dir).map_err(|err| named(&self.dir, err))?;
         let path = self.path(&profile.key);
-        // One partial file per process: two runs storing the same key at once each rename a
-        // whole file of their own, and the last one stays.
-        let partial = path.with_extension(format!("json.partial-{}", std::process::id()));
+        // One partial file per store: two runs (or threads) storing the same key at once each
+        // rename a whole file of their own, and the last one stays.
+        static STORES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let store = STORES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = path.with_extension(format!("json.partial-{}-{store}", std::process::id()));
         let text = serde_json::to_string_pretty(profile).expect("a profile serialises");
-        std::fs::write(&partial, text).map_err(|err| named(&partial, err))?;
-        std::fs::rename(&partial, &path).map_err(|err| named(&path, err))?;
+        let written = std::fs::write(&partial, text)
+            .map_err(|err| named(&partial, err))
+            .and_then(|()| std::fs::rename(&partial, &path).map_err(|err| named(&path, err)));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        written?;
         Ok(path)
     }
 }

@@ -181,6 +181,8 @@ impl RunPlanning {
             &self.request,
             self.fixed,
         )?;
+        // Profiled again for the lever (that profile is not cached), the profile was measured.
+        let all_cached = all_cached && lever_note.is_none();
         notes.extend(lever_note.map(String::from));
         if choice.chosen.gradient_checkpointing {
             notes.push(format!(

@@ -62,7 +62,7 @@ impl RunPlanning {
         ProfileKey {
             model: self.model.clone(),
             device: kind.to_string(),
-            machine: kiln_core::cpu_name(),
+            machine: machine(),
             precision: "f32".into(),
             optimizer: self.optimizer.clone(),
             threads: self.threads,
@@ -71,4 +71,32 @@ impl RunPlanning {
             gradient_checkpointing: false,
         }
     }
+}
+
+/// The host as a profile depends on it: the CPU's name, the widest vector instructions it
+/// has (a name like `AMD EPYC` covers generations with and without AVX-512), a `KILN_MAX_ISA`
+/// cap on kiln's kernels, and whether this is a debug build (kiln's own crates at a lower
+/// optimisation level).
+fn machine() -> String {
+    let mut machine = kiln_core::cpu_name();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vectors = if std::arch::is_x86_feature_detected!("avx512f") {
+            "avx512f"
+        } else if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            "avx2+fma"
+        } else {
+            "sse2"
+        };
+        machine = format!("{machine}, {vectors}");
+    }
+    if let Ok(cap) = std::env::var("KILN_MAX_ISA") {
+        machine = format!("{machine}, KILN_MAX_ISA={cap}");
+    }
+    if cfg!(debug_assertions) {
+        machine = format!("{machine}, debug build");
+    }
+    machine
 }
