@@ -38,7 +38,7 @@ pub struct PlanOptions {
     #[cfg_attr(feature = "clap", arg(long))]
     pub device_memory: Option<String>,
     /// Where the planner keeps its profiles, reused when the model, batch sizes, device, host
-    /// CPU, threads and kiln version match: `default` (the per-user cache,
+    /// (CPU, vector instructions, build), threads and kiln version match: `default` (the per-user cache,
     /// ~/.cache/kiln/planner-profiles on Linux), `off` (profile every run) or a directory.
     #[cfg_attr(feature = "clap", arg(long, default_value = "default"))]
     pub profile_cache: ProfileCacheChoice,

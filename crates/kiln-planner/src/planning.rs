@@ -181,7 +181,7 @@ impl RunPlanning {
             &self.request,
             self.fixed,
         )?;
-        // Profiled again for the lever (that profile is not cached), the profile was measured.
+        // A lever profile (never cached) means this planning measured the model after all.
         let all_cached = all_cached && lever_note.is_none();
         notes.extend(lever_note.map(String::from));
         if choice.chosen.gradient_checkpointing {
